@@ -1,0 +1,63 @@
+"""Typed config: YAML + key=value overrides; unknown keys and bad values fail naming the key."""
+
+import json
+
+import pytest
+
+from launch.arithmetic import make_arithmetic_data
+from launch.config import ConfigError, load_config
+
+
+def test_yaml_and_overrides_are_applied(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("mode: sft\ntrain:\n  steps: 7\nrollout:\n  group_size: 4\n")
+    config = load_config(path, ["train.steps=9", "algo.beta=0.04", "rewards.functions=[{ref: math_answer}]"])
+    assert config.mode == "sft"
+    assert config.train.steps == 9
+    assert config.rollout.group_size == 4
+    assert config.algo.beta == pytest.approx(0.04)
+    assert [f.ref for f in config.rewards.functions] == ["math_answer"]
+
+
+def test_unknown_key_is_named():
+    with pytest.raises(ConfigError, match=r"unknown key 'train.stepz'"):
+        load_config(None, ["train.stepz=3"])
+
+
+def test_bad_choice_names_key_and_allowed_values():
+    with pytest.raises(ConfigError) as error:
+        load_config(None, ["algo.algorithm=ppo"])
+    message = str(error.value)
+    assert "'algo.algorithm'" in message
+    assert "'grpo'" in message and "'gspo-token'" in message
+
+
+def test_bad_number_is_rejected():
+    with pytest.raises(ConfigError, match=r"'train.steps'"):
+        load_config(None, ["train.steps=0"])
+
+
+def test_override_must_be_assignment():
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(None, ["train.steps"])
+
+
+def test_auth_token_comes_from_environment(monkeypatch):
+    monkeypatch.setenv("TANDEM_AUTH_TOKEN", "s3cret")
+    assert load_config(None).server.auth_token == "s3cret"
+
+
+def test_arithmetic_heldout_is_excluded_from_training(tmp_path):
+    paths = make_arithmetic_data(tmp_path, pretrain_lines=3000, sft_examples=2000, rl_prompts=2000, heldout=100)
+    heldout = {json.loads(line)["prompt"] for line in paths["heldout"].read_text().splitlines()}
+    assert len(heldout) == 100
+    rl = [json.loads(line) for line in paths["rl"].read_text().splitlines()]
+    sft = [json.loads(line) for line in paths["sft"].read_text().splitlines()]
+    pretrain = [json.loads(line)["text"] for line in paths["pretrain"].read_text().splitlines()]
+    assert not heldout & {row["prompt"] for row in rl}
+    assert not heldout & {row["messages"][0]["content"] for row in sft}
+    assert not heldout & {line.split("=")[0] for line in pretrain}
+    for row in rl[:50]:
+        a, b = row["prompt"].split("+")
+        assert int(row["answer"]) == int(a) + int(b)
+    assert 0.2 < sum("-" in line for line in pretrain) / len(pretrain) < 0.4
