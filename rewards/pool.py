@@ -1,0 +1,138 @@
+"""A pool of Ray reward workers, scaled independently of the rollout actors.
+
+Each worker is a Ray actor asking for the custom resource ``"reward"`` (one unit, no CPU by
+default) and owning one isolated child process (:mod:`rewards.isolation`). Rollout actors may
+call :meth:`RewardPool.handles` directly: ``handle.score_group.remote(prompt, completions, metadata)``.
+"""
+
+import collections
+import threading
+from collections.abc import Sequence
+
+import ray
+
+from rewards.isolation import IsolatedScorer, RewardChildError
+from rewards.spec import RewardSpec, WeightedReward
+from rewards.types import ScoreResult
+
+__all__ = ["RewardChildError", "RewardPool", "RewardSpec", "RewardWorker", "WeightedReward"]
+
+DEFAULT_ACTOR_OPTIONS = {"num_cpus": 0, "resources": {"reward": 1}, "max_restarts": -1, "max_task_retries": 2}
+
+
+@ray.remote
+class RewardWorker:
+    """Ray actor scoring groups in its isolated child process."""
+
+    def __init__(self, spec: RewardSpec) -> None:
+        # A failure here is kept for ready(): raising from __init__ would make Ray restart the
+        # actor forever (max_restarts=-1) instead of telling the caller.
+        self._scorer: IsolatedScorer | None = None
+        self._error: str | None = None
+        try:
+            self._scorer = IsolatedScorer(spec)
+        except RewardChildError as error:
+            self._error = str(error)
+
+    def ready(self) -> None:
+        """Raises :class:`RewardChildError` if the reward functions could not be loaded."""
+        if self._error is not None:
+            raise RewardChildError(self._error)
+
+    def score_group(self, prompt: str, completions: Sequence[tuple[str, list[int]]], metadata: dict
+                    ) -> list[ScoreResult]:
+        self.ready()
+        return self._scorer.score(prompt, completions, metadata)
+
+    def stats(self) -> dict[str, int]:
+        return self._scorer.stats() if self._scorer is not None else {}
+
+    def close(self) -> None:
+        if self._scorer is not None:
+            self._scorer.close()
+
+
+class RewardPool:
+    """Scores groups on ``num_workers`` reward workers, each call going to the least busy one.
+
+    ``actor_options`` update :data:`DEFAULT_ACTOR_OPTIONS` (for example a ``runtime_env`` whose
+    ``PYTHONPATH`` holds the modules of user reward functions).
+    """
+
+    def __init__(self, spec: RewardSpec, num_workers: int = 1, *, actor_options: dict | None = None) -> None:
+        self._spec = spec
+        self._options = DEFAULT_ACTOR_OPTIONS | (actor_options or {})
+        self._workers: list[ray.actor.ActorHandle] = []
+        self._in_flight: dict[ray.actor.ActorHandle, list[ray.ObjectRef]] = {}
+        self._retired_stats: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+        self.scale(num_workers)
+
+    def score_group(self, prompt: str, completions: Sequence[tuple[str, list[int]]], metadata: dict
+                    ) -> list[ScoreResult]:
+        """One :class:`ScoreResult` per ``(text, token_ids)`` completion, in order."""
+        return ray.get(self.score_group_async(prompt, completions, metadata))
+
+    def score_group_async(self, prompt: str, completions: Sequence[tuple[str, list[int]]], metadata: dict
+                          ) -> ray.ObjectRef:
+        """Like :meth:`score_group`; the reference resolves to the list of results."""
+        with self._lock:
+            if not self._workers:
+                raise RuntimeError("reward pool has no workers (shut down?)")
+            for worker, refs in self._in_flight.items():
+                if refs:
+                    _, self._in_flight[worker] = ray.wait(refs, num_returns=len(refs), timeout=0)
+            worker = min(self._workers, key=lambda w: len(self._in_flight[w]))
+            ref = worker.score_group.remote(prompt, list(completions), metadata)
+            self._in_flight[worker].append(ref)
+            return ref
+
+    def stats(self) -> dict[str, int]:
+        """Summed over all workers, past ones included: ``scored`` / ``unscorable`` completions,
+        ``<component>:<reason>`` per failed call, ``restarts`` of child processes."""
+        total = collections.Counter(self._retired_stats)
+        for worker_stats in ray.get([worker.stats.remote() for worker in self.handles()]):
+            total.update(worker_stats)
+        return dict(total)
+
+    def scale(self, num_workers: int) -> None:
+        """Start or retire workers until there are ``num_workers``; a retired worker first
+        finishes the calls this pool sent it (handles given out earlier may stop working)."""
+        if num_workers < 1:
+            raise ValueError(f"a reward pool needs at least one worker, got {num_workers}")
+        with self._lock:
+            started = [RewardWorker.options(**self._options).remote(self._spec)
+                       for _ in range(num_workers - len(self._workers))]
+            try:
+                ray.get([worker.ready.remote() for worker in started])
+            except BaseException:
+                for worker in started:
+                    ray.kill(worker)
+                raise
+            for worker in started:
+                self._workers.append(worker)
+                self._in_flight[worker] = []
+            retiring = self._workers[num_workers:]
+            del self._workers[num_workers:]
+        self._retire(retiring)
+
+    def handles(self) -> list[ray.actor.ActorHandle]:
+        with self._lock:
+            return list(self._workers)
+
+    def shutdown(self) -> None:
+        """Retire every worker (their stats stay in :meth:`stats`)."""
+        with self._lock:
+            retiring, self._workers = self._workers, []
+        self._retire(retiring)
+
+    def _retire(self, workers: list[ray.actor.ActorHandle]) -> None:
+        if not workers:
+            return
+        # Queued behind this pool's earlier calls to each worker, so those finish first.
+        for worker_stats in ray.get([worker.stats.remote() for worker in workers]):
+            self._retired_stats.update(worker_stats)
+        ray.get([worker.close.remote() for worker in workers])
+        for worker in workers:
+            ray.kill(worker)
+            self._in_flight.pop(worker, None)

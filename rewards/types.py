@@ -1,0 +1,24 @@
+"""The result type reward workers hand to rollout actors."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """The reward of one completion, or why it has none.
+
+    Exactly one of the two fields is set: a finite ``reward``, or an ``unscorable_reason`` such as
+    ``"math_answer:timeout"`` (``<component name>:<reason>``). Unscorable completions must never be
+    treated as reward 0: the learner drops or masks them.
+    """
+
+    reward: float | None
+    unscorable_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.reward is None) == (self.unscorable_reason is None):
+            raise ValueError(f"exactly one of reward / unscorable_reason must be set, got {self}")
+
+    @property
+    def scorable(self) -> bool:
+        return self.reward is not None
