@@ -1,0 +1,260 @@
+"""tunix's Flax NNX model families, completed where google-tunix 0.1.5 falls short of HF.
+
+The classes subclass tunix's and change only what is needed for HF-exact numerics and sharding:
+- every family gains `hidden_states` (final-normed, before the output projection) and `unembed`,
+  so logprobs can be computed in chunks without materialising [B, T, V] logits;
+- Llama3 and Qwen3 attention call tunix's `apply_rope` without the config's theta (it always uses
+  1e6) and know no rope scaling: here the rope frequencies come from the HF config (theta, Llama 3
+  scaling) for the duration of each forward pass (see `_config_rope`);
+- tunix's Qwen3 has no tied embeddings: a tied Qwen3 shares the embedder as its output head;
+- the configs built by `tunix_config` correct the q/k/v kernels' sharding annotation (`_sharding`).
+The parameter tree (names and shapes) is tunix's, so tunix's loaders, losses and samplers work on
+these models unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tunix.models.llama3 import model as llama3_lib
+from tunix.models.llama3 import params as llama3_params
+from tunix.models.qwen2 import model as qwen2_lib
+from tunix.models.qwen2 import params as qwen2_params
+from tunix.models.qwen3 import model as qwen3_lib
+from tunix.models.qwen3 import params as qwen3_params
+
+from models.families import check_supported, family_of, head_dim_of, is_tied, kv_heads_of, rope_settings
+
+# ---------------------------------------------------------------------------------------------
+# Rope from the HF config (Llama3 / Qwen3)
+
+
+def rope_inv_freq(hf_config: dict[str, Any]) -> tuple[float, ...]:
+    """Rope inverse frequencies [head_dim // 2] exactly as transformers computes them (float32).
+
+    Default rope: 1 / theta^(2i/d). "llama3" scaling (Llama 3.1+): long wavelengths divided by
+    `factor`, short ones kept, a smooth blend between (transformers' `_compute_llama3_parameters`).
+    """
+    theta, scaling = rope_settings(hf_config)
+    dim = head_dim_of(hf_config)
+    inv_freq = (1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim)))
+    inv_freq = inv_freq.astype(np.float32)
+    if scaling is not None and scaling["rope_type"] == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        inv_freq = np.where(medium, blended, scaled).astype(np.float32)
+    return tuple(float(x) for x in inv_freq)
+
+
+_ROPE_INV_FREQ: contextvars.ContextVar[tuple[float, ...] | None] = contextvars.ContextVar(
+    "tandem_rope_inv_freq", default=None)
+
+
+@contextlib.contextmanager
+def _config_rope(inv_freq: tuple[float, ...]) -> Iterator[None]:
+    """Within this block (i.e. while a forward pass is traced) rope uses `inv_freq`."""
+    token = _ROPE_INV_FREQ.set(inv_freq)
+    try:
+        yield
+    finally:
+        _ROPE_INV_FREQ.reset(token)
+
+
+def _rope_honouring_config(tunix_apply_rope: Callable) -> Callable:
+    """Wrap tunix's module-level `apply_rope` (same signature) to use the active config frequencies.
+
+    tunix 0.1.5's Llama3/Qwen3 attention calls `apply_rope(x, positions, head_dim=...)` and so always
+    rotates with theta = 1e6. Patching the module global is the only hook short of copying the
+    attention block; outside `_config_rope` the original function runs, so stock tunix models
+    behave as before.
+    """
+
+    def apply_rope(inputs: jax.Array, positions: jax.Array, head_dim: int,
+                   rope_theta: float = 1_000_000) -> jax.Array:
+        inv_freq = _ROPE_INV_FREQ.get()
+        if inv_freq is None:
+            return tunix_apply_rope(inputs, positions, head_dim, rope_theta)
+        angles = positions[..., None].astype(jnp.float32) * jnp.asarray(inv_freq, jnp.float32)
+        # [B, T, 1, head_dim/2], cast like transformers does before rotating.
+        sin = jnp.sin(angles)[..., None, :].astype(inputs.dtype)
+        cos = jnp.cos(angles)[..., None, :].astype(inputs.dtype)
+        first, second = jnp.split(inputs, 2, axis=-1)
+        return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+
+    apply_rope.tandem_wrapped = tunix_apply_rope  # marks the patch as installed
+    return apply_rope
+
+
+for _lib in (llama3_lib, qwen3_lib):
+    if not hasattr(_lib.apply_rope, "tandem_wrapped"):
+        _lib.apply_rope = _rope_honouring_config(_lib.apply_rope)
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs
+
+
+@dataclasses.dataclass(slots=True)
+class Qwen3Config(qwen3_lib.ModelConfig):
+    """tunix's Qwen3 config plus what the HF config carries and tunix 0.1.5 ignores."""
+
+    use_tied_embedding: bool = False
+    rope_inv_freq: tuple[float, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Llama3Config(llama3_lib.ModelConfig):
+    """tunix's Llama3 config plus the rope frequencies (theta and scaling) from the HF config."""
+
+    rope_inv_freq: tuple[float, ...] = ()
+
+
+def _sharding(lib: Any) -> Any:
+    """tunix's default sharding with q/k/v kernels fixed: tunix annotates them as if laid out
+    [heads, embed, head_dim] (heads over tp, embed over fsdp), but stores them [embed, heads, head_dim],
+    so the stock annotation splits heads over fsdp (fsdp could not exceed num_kv_heads) and embed
+    over tp. Here: embed over fsdp, heads over tp, like o_proj and the MLP."""
+    default = lib.ShardingConfig.get_default_sharding()
+    return dataclasses.replace(default, q_weight_ndh=("fsdp", "tp", None), kv_weight_ndh=("fsdp", "tp", None))
+
+
+def tunix_config(hf_config: dict[str, Any]) -> Any:
+    """The tunix ModelConfig of the family, built from a HF config.json dict."""
+    check_supported(hf_config)
+    family = family_of(hf_config)
+    theta, _ = rope_settings(hf_config)
+    common = dict(
+        num_layers=hf_config["num_hidden_layers"],
+        vocab_size=hf_config["vocab_size"],
+        embed_dim=hf_config["hidden_size"],
+        hidden_dim=hf_config["intermediate_size"],
+        num_heads=hf_config["num_attention_heads"],
+        head_dim=head_dim_of(hf_config),
+        num_kv_heads=kv_heads_of(hf_config),
+        rope_theta=theta,
+        norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
+    )
+    lib = {"qwen2": qwen2_lib, "qwen3": qwen3_lib, "llama3": llama3_lib}[family]
+    common["shd_config"] = _sharding(lib)
+    if family == "qwen2":
+        return qwen2_lib.ModelConfig(**common, use_tied_embedding=is_tied(hf_config))
+    if family == "qwen3":
+        return Qwen3Config(**common, use_tied_embedding=is_tied(hf_config),
+                           rope_inv_freq=rope_inv_freq(hf_config))
+    return Llama3Config(**common, weight_tying=is_tied(hf_config), rope_inv_freq=rope_inv_freq(hf_config))
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+
+
+class _HiddenAndUnembed:
+    """`hidden_states` + `unembed`, the two halves of tunix's `__call__` (mixin for the families)."""
+
+    embedder: Any
+    layers: Any
+    final_norm: Any
+
+    def _run_layers(self, x: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        raise NotImplementedError
+
+    def hidden_states(self, input_tokens: jax.Array, positions: jax.Array,
+                      attention_mask: jax.Array) -> jax.Array:
+        """Final-normed hidden states [B, T, D] (tunix's `__call__` up to the output projection)."""
+        x = self.embedder.encode(input_tokens)
+        return self.final_norm(self._run_layers(x, positions, attention_mask))
+
+    @property
+    def tied(self) -> bool:
+        raise NotImplementedError
+
+    def unembed(self, hidden: jax.Array) -> jax.Array:
+        """Logits [..., V] from hidden states [..., D] (same math as tunix's output projection)."""
+        if self.tied:
+            return jnp.einsum("...d,vd->...v", hidden, self.embedder.input_embedding[...])
+        return jnp.einsum("...d,dv->...v", hidden, self.lm_head.w[...])
+
+
+class Qwen2(_HiddenAndUnembed, qwen2_lib.Qwen2, pytree=False):
+    """tunix Qwen2 (its rope and tied embeddings already follow the config)."""
+
+    @property
+    def tied(self) -> bool:
+        return self.config.use_tied_embedding
+
+    def _run_layers(self, x: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        sin, cos = qwen2_lib._generate_pos_embeddings(positions, self.config.head_dim, self.config.rope_theta)
+        sin, cos = sin.astype(x.dtype), cos.astype(x.dtype)
+        for layer in self.layers:
+            _, x = layer(x, None, attention_mask, sin, cos)
+        return x
+
+
+class _ConfigRopeLayers(_HiddenAndUnembed):
+    """Llama3/Qwen3 layer loop (rope applied inside attention) under the config's frequencies."""
+
+    def _run_layers(self, x: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        with _config_rope(self.config.rope_inv_freq):
+            for layer in self.layers:
+                _, x = layer(x, positions, None, attention_mask)
+        return x
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with _config_rope(self.config.rope_inv_freq):
+            return super().__call__(*args, **kwargs)
+
+
+class _TiedHead(nnx.Module, pytree=False):
+    """Output head sharing the embedder's table (tied embeddings for tunix's Qwen3)."""
+
+    def __init__(self, embedder: nnx.Module):
+        self.embedder = embedder
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.embedder.decode(x)
+
+
+class Qwen3(_ConfigRopeLayers, qwen3_lib.Qwen3, pytree=False):
+    """tunix Qwen3 with config rope and optional tied embeddings."""
+
+    def __init__(self, config: Qwen3Config, *, rngs: nnx.Rngs,
+                 shd_config: qwen3_lib.ShardingConfig | None = None):
+        super().__init__(config, rngs=rngs, shd_config=shd_config or config.shd_config)
+        if config.use_tied_embedding:
+            self.lm_head = _TiedHead(self.embedder)
+
+    @property
+    def tied(self) -> bool:
+        return self.config.use_tied_embedding
+
+
+class Llama3(_ConfigRopeLayers, llama3_lib.Llama3, pytree=False):
+    """tunix Llama3 with config rope (theta and Llama 3 scaling)."""
+
+    @property
+    def tied(self) -> bool:
+        return self.config.weight_tying
+
+
+MODEL_CLASSES = {"qwen2": Qwen2, "qwen3": Qwen3, "llama3": Llama3}
+# tunix's own HF -> NNX key mapping (regex -> (nnx path, (permute, reshape))) for each family.
+KEY_MAPPINGS = {
+    "qwen2": qwen2_params._get_key_and_transform_mapping,
+    "qwen3": qwen3_params._get_key_and_transform_mapping,
+    "llama3": llama3_params._get_key_and_transform_mapping,
+}

@@ -1,0 +1,70 @@
+"""The offline char tokenizer, read back through transformers.AutoTokenizer (the loader vLLM uses)."""
+
+import pytest
+from transformers import AutoTokenizer
+
+from models.tokenizer import (
+    ASST_ID,
+    BOS_ID,
+    DEFAULT_ALPHABET,
+    EOS_ID,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    USER_ID,
+    build_char_tokenizer,
+    vocab_size_for,
+)
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tok")
+    build_char_tokenizer(out)
+    return AutoTokenizer.from_pretrained(out)
+
+
+def test_vocab_is_specials_then_one_id_per_character(tok):
+    assert len(tok) == vocab_size_for() == len(SPECIAL_TOKENS) + len(DEFAULT_ALPHABET) == 48
+    assert [tok.convert_tokens_to_ids(s) for s in SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
+    assert tok.encode(DEFAULT_ALPHABET) == list(range(5, 5 + len(DEFAULT_ALPHABET)))
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (PAD_ID, BOS_ID, EOS_ID)
+    assert len({PAD_ID, BOS_ID, EOS_ID}) == 3
+
+
+@pytest.mark.parametrize("text", ["123+456=579", "(7 * 8) - 9 = 47", "hello world", " "])
+def test_encode_decode_round_trip(tok, text):
+    ids = tok.encode(text)
+    assert len(ids) == len(text)  # one token per character, nothing added implicitly
+    assert tok.decode(ids) == text
+
+
+def test_specials_are_single_ids_and_skippable(tok):
+    ids = tok.encode("<bos><user>1+2<asst>3<eos>")
+    assert ids == [BOS_ID, USER_ID, 6, 15, 7, ASST_ID, 8, EOS_ID]
+    assert tok.decode(ids, skip_special_tokens=True) == "1+23"
+    assert PAD_ID not in tok.encode(DEFAULT_ALPHABET)  # pad is never a real token
+
+
+def test_chat_template_output_is_exact(tok):
+    chat = [{"role": "user", "content": "12+34"}, {"role": "assistant", "content": "46"},
+            {"role": "user", "content": "1+1"}]
+    assert tok.apply_chat_template(chat[:2], tokenize=False) == "<bos><user>12+34<asst>46<eos>"
+    assert (tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+            == "<bos><user>12+34<asst>46<eos><user>1+1<asst>")
+    ids = tok.apply_chat_template(chat[:1], add_generation_prompt=True)["input_ids"]
+    assert ids == [BOS_ID, USER_ID, 6, 7, 15, 8, 9, ASST_ID]
+    with pytest.raises(Exception, match="only user and assistant"):
+        tok.apply_chat_template([{"role": "system", "content": "x"}], tokenize=False)
+
+
+def test_unknown_character_raises_instead_of_mapping_silently(tok):
+    with pytest.raises(Exception, match="UNK|unk"):
+        tok.encode("ABC")
+
+
+def test_bad_alphabets_are_rejected(tmp_path):
+    with pytest.raises(ValueError, match="repeated"):
+        build_char_tokenizer(tmp_path, "0120")
+    with pytest.raises(ValueError, match="empty"):
+        build_char_tokenizer(tmp_path, "")
+    assert not list(tmp_path.iterdir())  # nothing written
