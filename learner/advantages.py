@@ -1,0 +1,85 @@
+"""Group-relative advantages (GRPO; Dr.GRPO without std; DAPO dynamic sampling).
+
+Rewards arrive per group of G completions of one prompt, on the host, so this is numpy. A completion
+whose reward could not be computed (reward worker timeout, parse failure: reward NaN, or
+`scorable=False`) is *unscorable*: it is left out of its group's mean and std, gets advantage 0 and
+weight 0, so it neither moves the baseline nor enters the loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from learner.losses import DYNAMIC_SAMPLING
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupAdvantages:
+    """Per-completion advantages [N, G], loss weights [N, G] (0 = leave out of the loss) and counts."""
+
+    advantages: np.ndarray
+    weights: np.ndarray
+    num_scorable: int
+    num_unscorable: int
+    num_zero_signal_groups: int
+
+
+def group_advantages(
+    rewards: np.ndarray,
+    scorable: np.ndarray | None = None,
+    *,
+    std_normalize: bool = True,
+    epsilon: float = 1e-4,
+    dynamic_sampling: str = "off",
+) -> GroupAdvantages:
+    """A_ij = (R_ij − mean_j R_ij) / (std_j R_ij + ε)  over the scorable completions j of group i.
+
+    std is the sample std (ddof=1, as tunix and TRL); std_normalize=False gives Dr.GRPO's
+    A_ij = R_ij − mean_j R_ij. A group is *zero-signal* when it has fewer than two scorable
+    completions or all its scorable rewards are equal: every advantage in it is 0. With
+    dynamic_sampling='drop' its completions also get weight 0 (DAPO's dynamic sampling: the group is
+    out of the loss and its denominators); 'count' and 'off' keep them in the loss (KL term only).
+
+    Args:
+      rewards: [N, G] float; NaN marks an unscorable completion.
+      scorable: optional [N, G] bool, False marks an unscorable completion (ANDed with ~isnan).
+    """
+    if dynamic_sampling not in DYNAMIC_SAMPLING:
+        raise ValueError(f"dynamic_sampling must be one of {DYNAMIC_SAMPLING}, got {dynamic_sampling!r}")
+    rewards = np.asarray(rewards, np.float64)
+    if rewards.ndim != 2:
+        raise ValueError(f"rewards must be [num_groups, group_size], got shape {rewards.shape}")
+    valid = ~np.isnan(rewards)
+    if scorable is not None:
+        scorable = np.asarray(scorable, bool)
+        if scorable.shape != rewards.shape:
+            raise ValueError(f"scorable shape {scorable.shape} != rewards shape {rewards.shape}")
+        valid &= scorable
+    if np.isinf(rewards[valid]).any():
+        raise ValueError("rewards must be finite (use NaN to mark an unscorable completion)")
+
+    r = np.where(valid, rewards, 0.0)
+    count = valid.sum(axis=1, keepdims=True)
+    mean = r.sum(axis=1, keepdims=True) / np.maximum(count, 1)
+    centred = np.where(valid, r - mean, 0.0)
+    # Equal rewards: use the exact spread (max − min) rather than a float std that may be ~1e-17.
+    highest = np.where(valid, r, -np.inf).max(1, keepdims=True)
+    spread = highest - np.where(valid, r, np.inf).min(1, keepdims=True)
+    zero_signal = (count < 2) | ~(spread > 0)
+    if std_normalize:
+        std = np.sqrt((centred**2).sum(axis=1, keepdims=True) / np.maximum(count - 1, 1))
+        centred = centred / (std + epsilon)
+    advantages = np.where(zero_signal, 0.0, centred)
+
+    weights = valid.copy()
+    if dynamic_sampling == "drop":
+        weights &= ~zero_signal
+    return GroupAdvantages(
+        advantages=advantages.astype(np.float32),
+        weights=weights.astype(np.float32),
+        num_scorable=int(valid.sum()),
+        num_unscorable=int((~valid).sum()),
+        num_zero_signal_groups=int(zero_signal.sum()),
+    )
