@@ -1,0 +1,235 @@
+"""SFT and pretrain data: load a dataset, tokenize it, pack examples into fixed-shape batches.
+
+- **SFT**: rows of chat `messages` rendered with the tokenizer's chat template; only the assistant
+  turns carry loss (completion-only labels).
+- **Pretrain**: rows of `text`; every token carries loss; documents are wrapped in bos/eos.
+
+Packing: several examples share one row of `seq_len` tokens. Each example is a *segment*
+(`segment_ids` 1, 2, ... per row, 0 = padding) with positions restarting at 0, so a forward that
+honours segments attends only within an example (see learner.train_step for how the model is
+called). An SFT example never straddles rows (one longer than `seq_len` is truncated); pretrain
+documents are cut at row ends and continue at the start of the next row (usual pretrain packing).
+The first token of every segment is not a target: nothing in its segment precedes it.
+
+Data position: `DataPosition(epoch, index, offset, seed)` says where the next batch starts (the
+`index`-th example of epoch `epoch`'s shuffled order, `offset` tokens into it). The order of an
+epoch is a pure function of (seed, epoch), so restoring a checkpointed position continues exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import datasets
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+DataKind = Literal["sft", "pretrain"]
+
+# Local files are loaded with the datasets builder named by their extension.
+_BUILDER_BY_SUFFIX = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".arrow": "arrow",
+                      ".csv": "csv", ".txt": "text"}
+
+
+class DataConfig(BaseModel):
+    """Where the data is and how it becomes batches of `batch_size` rows × `seq_len` tokens."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: DataKind
+    source: str | list[str]  # local file(s) (json/jsonl/parquet/arrow/csv/txt) or a hub dataset name
+    split: str = "train"
+    seq_len: int = Field(gt=1)
+    batch_size: int = Field(gt=0)
+    seed: int = 0
+    shuffle: bool = True
+    messages_field: str = "messages"  # sft
+    text_field: str = "text"  # pretrain
+    num_proc: int | None = None  # tokenization processes (datasets.map)
+
+
+class DataPosition(BaseModel):
+    """Where the next batch starts; JSON-serialisable so checkpoints can carry it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    epoch: int = Field(0, ge=0)
+    index: int = Field(0, ge=0)  # examples of this epoch's order fully consumed
+    offset: int = Field(0, ge=0)  # tokens of example `index` already consumed (pretrain only)
+    seed: int = 0
+
+
+class TokenBatch(NamedTuple):
+    """A packed batch, numpy, all [B, T]. loss_mask[b, t] = 1 iff token t is a target (from t−1)."""
+
+    input_ids: np.ndarray  # int32, pad_id where segment_ids == 0
+    attention_mask: np.ndarray  # int32, 1 on real tokens
+    loss_mask: np.ndarray  # float32
+    segment_ids: np.ndarray  # int32, 1.. per packed example, 0 = padding
+    positions: np.ndarray  # int32, restarting at 0 in every segment
+
+
+def load_rows(source: str | list[str], split: str = "train") -> datasets.Dataset:
+    """Local files via the builder their extension names, otherwise a hub dataset (needs a network)."""
+    files = [source] if isinstance(source, str) else list(source)
+    suffixes = {Path(f).suffix.lower() for f in files}
+    if all(Path(f).exists() for f in files):
+        if len(suffixes) != 1 or next(iter(suffixes)) not in _BUILDER_BY_SUFFIX:
+            raise ValueError(f"local data files need one extension of {sorted(_BUILDER_BY_SUFFIX)}, "
+                             f"got {sorted(suffixes)}")
+        return datasets.load_dataset(_BUILDER_BY_SUFFIX[suffixes.pop()], data_files=files, split="train")
+    if len(files) != 1:
+        raise FileNotFoundError(f"data files not found: {[f for f in files if not Path(f).exists()]}")
+    return datasets.load_dataset(files[0], split=split)
+
+
+def _template_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False,
+                                        add_generation_prompt=add_generation_prompt)
+    return list(ids)
+
+
+def sft_example(tokenizer, messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+    """Token ids of a conversation and its loss mask (1 on assistant-turn tokens, incl. end-of-turn).
+
+    An assistant turn's tokens are found by rendering the prefix before it (with the generation
+    prompt) and the prefix including it: what lies between is what the model must produce. This
+    works for any chat template that renders a conversation's prefixes as token prefixes, which is
+    checked (transformers' `{% generation %}` masks need template support most templates lack).
+    """
+    if not messages or any("role" not in m or "content" not in m for m in messages):
+        raise ValueError(f"messages must be a non-empty list of {{role, content}} dicts, got {messages!r}")
+    ids = _template_ids(tokenizer, messages)
+    loss_mask = [0] * len(ids)
+    for turn, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start = len(_template_ids(tokenizer, messages[:turn], add_generation_prompt=True)) if turn else 0
+        end_ids = _template_ids(tokenizer, messages[: turn + 1])
+        if end_ids != ids[: len(end_ids)] or start > len(end_ids):
+            raise ValueError("the chat template does not render conversation prefixes as token prefixes; "
+                             "cannot locate assistant tokens")
+        loss_mask[start : len(end_ids)] = [1] * (len(end_ids) - start)
+    return ids, loss_mask
+
+
+def pretrain_document(tokenizer, text: str) -> list[int]:
+    """Token ids of one document: bos (if the tokenizer has one) + text + eos (if it has one)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    return bos + list(ids) + eos
+
+
+def tokenize_rows(rows: datasets.Dataset, tokenizer, config: DataConfig) -> datasets.Dataset:
+    """Columns `input_ids` and `loss_mask` per example; SFT rows without assistant tokens are dropped."""
+    if config.kind == "sft":
+        field = config.messages_field
+
+        def fn(row):
+            ids, mask = sft_example(tokenizer, row[field])
+            return {"input_ids": ids, "loss_mask": mask}
+    else:
+        field = config.text_field
+
+        def fn(row):
+            ids = pretrain_document(tokenizer, row[field])
+            return {"input_ids": ids, "loss_mask": [1] * len(ids)}
+    if field not in rows.column_names:
+        raise ValueError(f"{config.kind} data needs a {field!r} column; the data has {rows.column_names}")
+    out = rows.map(fn, remove_columns=rows.column_names, num_proc=config.num_proc,
+                   desc=f"tokenizing {config.kind} data")
+    if config.kind == "sft":
+        out = out.filter(lambda row: any(row["loss_mask"]), num_proc=config.num_proc)
+    if len(out) == 0:
+        raise ValueError(f"no usable {config.kind} examples in {config.source!r}")
+    return out
+
+
+class PackedBatches:
+    """Endless iterator of `TokenBatch`es over tokenized examples, resumable from a `DataPosition`."""
+
+    def __init__(self, examples: datasets.Dataset, *, seq_len: int, batch_size: int, pad_id: int,
+                 split_examples: bool, shuffle: bool = True, position: DataPosition | None = None):
+        if len(examples) == 0:
+            raise ValueError("no examples to pack")
+        self._examples = examples.with_format("numpy")
+        self._seq_len, self._batch_size, self._pad_id = seq_len, batch_size, pad_id
+        self._split, self._shuffle = split_examples, shuffle
+        self.truncated = 0  # examples cut to seq_len (sft)
+        self.position = position or DataPosition()
+
+    @property
+    def position(self) -> DataPosition:
+        """Where the next batch starts; save it with the checkpoint of the step that used this batch."""
+        if self._index >= len(self._order):  # the epoch is used up: the next example opens the next one
+            return DataPosition(epoch=self._epoch + 1, index=0, offset=0, seed=self._seed)
+        return DataPosition(epoch=self._epoch, index=self._index, offset=self._offset, seed=self._seed)
+
+    @position.setter
+    def position(self, position: DataPosition) -> None:
+        self._epoch, self._index, self._offset, self._seed = (
+            position.epoch, position.index, position.offset, position.seed)
+        if self._index > len(self._examples):
+            raise ValueError(f"position index {self._index} beyond the {len(self._examples)} examples")
+        self._order = self._epoch_order(self._epoch)
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        n = len(self._examples)
+        if not self._shuffle:
+            return np.arange(n)
+        return np.random.default_rng([self._seed, epoch]).permutation(n)
+
+    def _peek(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._index >= len(self._order):
+            self._epoch, self._index, self._offset = self._epoch + 1, 0, 0
+            self._order = self._epoch_order(self._epoch)
+        row = self._examples[int(self._order[self._index])]
+        return row["input_ids"][self._offset :], row["loss_mask"][self._offset :]
+
+    def __iter__(self) -> PackedBatches:
+        return self
+
+    def __next__(self) -> TokenBatch:
+        shape = (self._batch_size, self._seq_len)
+        ids = np.full(shape, self._pad_id, np.int32)
+        loss = np.zeros(shape, np.float32)
+        seg = np.zeros(shape, np.int32)
+        pos = np.zeros(shape, np.int32)
+        row, col, segment = 0, 0, 1
+        while row < self._batch_size:
+            tokens, mask = self._peek()
+            room = self._seq_len - col
+            if len(tokens) > room:
+                if not self._split and col > 0:  # an SFT example starts a fresh row rather than straddle
+                    row, col, segment = row + 1, 0, 1
+                    continue
+                if not self._split:
+                    self.truncated += 1
+                take = room
+            else:
+                take = len(tokens)
+            ids[row, col : col + take] = tokens[:take]
+            loss[row, col : col + take] = mask[:take]
+            loss[row, col] = 0.0  # a segment's first token has no predecessor in its segment
+            seg[row, col : col + take] = segment
+            pos[row, col : col + take] = np.arange(take)
+            if self._split and take < len(tokens):
+                self._offset += take
+            else:
+                self._index, self._offset = self._index + 1, 0
+            col, segment = col + take, segment + 1
+            if col == self._seq_len:
+                row, col, segment = row + 1, 0, 1
+        return TokenBatch(ids, (seg > 0).astype(np.int32), loss, seg, pos)
+
+
+def make_batches(config: DataConfig, tokenizer, position: DataPosition | None = None) -> PackedBatches:
+    """Load, tokenize and pack `config`'s data; `position` resumes (default: seed from the config)."""
+    if tokenizer.pad_token_id is None:
+        raise ValueError("the tokenizer needs a pad token (padding is never a real token)")
+    examples = tokenize_rows(load_rows(config.source, config.split), tokenizer, config)
+    return PackedBatches(examples, seq_len=config.seq_len, batch_size=config.batch_size,
+                         pad_id=tokenizer.pad_token_id, split_examples=config.kind == "pretrain",
+                         shuffle=config.shuffle, position=position or DataPosition(seed=config.seed))

@@ -1,0 +1,66 @@
+"""Per-step metrics: device values to host floats, throughput, TensorBoard + JSONL logging."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+
+def to_host(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Fetch a dict of scalar (device or host) values as Python floats, in one transfer."""
+    host = jax.device_get(dict(metrics))
+    return {name: float(np.asarray(value)) for name, value in host.items()}
+
+
+class Throughput:
+    """Wall time and tokens/s of one step: `with meter: ...` then `meter.metrics(num_tokens)`."""
+
+    def __enter__(self) -> Throughput:
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self._start
+
+    def metrics(self, num_tokens: int) -> dict[str, float]:
+        return {"step_time_s": self.seconds, "tokens_per_s": num_tokens / max(self.seconds, 1e-9)}
+
+
+class MetricsWriter:
+    """Writes each step's scalars to TensorBoard (tensorboardX) and to `metrics.jsonl` in `logdir`.
+
+    Non-finite values are written too (a NaN loss must be visible, not dropped).
+    """
+
+    def __init__(self, logdir: Path | str, *, flush_secs: int = 10):
+        # tensorboardX tries `import torch` at import time; import it only when a writer is made.
+        from tensorboardX import SummaryWriter
+
+        self.logdir = Path(logdir)
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        self._tb = SummaryWriter(str(self.logdir), flush_secs=flush_secs)
+        self._jsonl = (self.logdir / "metrics.jsonl").open("a", encoding="utf-8")
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        for name, value in metrics.items():
+            self._tb.add_scalar(name, value, global_step=step)
+        record = {"step": step, **{k: (v if math.isfinite(v) else str(v)) for k, v in metrics.items()}}
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+
+    def close(self) -> None:
+        self._tb.close()
+        self._jsonl.close()
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

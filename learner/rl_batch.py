@@ -1,0 +1,134 @@
+"""RL batch assembly: scored groups (from the learner service) → fixed-shape padded arrays.
+
+One row per completion: prompt tokens then completion tokens, right-padded to a length bucket
+(the smallest of `length_buckets` that fits), rows padded to `num_rows`, so the jitted step sees
+few distinct shapes and does not recompile every step. Advantages come from
+`learner.advantages.group_advantages` (unscorable completions: advantage 0, weight 0; DAPO dynamic
+sampling: zero-signal groups weight 0 when 'drop'); a completion's weight multiplies its loss mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+from learner.advantages import group_advantages
+
+
+class CompletionLike(Protocol):
+    token_ids: Sequence[int]
+    logprobs: Sequence[float]
+    reward: float | None  # None: unscorable
+
+
+class GroupLike(Protocol):
+    """What assembly reads of a `learner.group_validation.GroupRecord`."""
+
+    group_id: str
+    policy_version: int
+    prompt_ids: Sequence[int]
+    completions: Sequence[CompletionLike]
+
+
+class RLBatch(NamedTuple):
+    """Arrays of one RL step, numpy, [B, T] unless noted; token-aligned (column t = token t).
+
+    completion_mask is 1 on completion tokens of rows that enter the loss (0 on prompt, padding,
+    unscorable and dropped rows); behaviour_logps[b, t] = log π_behaviour(token t) on completion
+    tokens, 0 elsewhere; advantages is [B].
+    """
+
+    input_ids: np.ndarray  # int32
+    attention_mask: np.ndarray  # int32
+    completion_mask: np.ndarray  # float32
+    behaviour_logps: np.ndarray  # float32
+    advantages: np.ndarray  # float32 [B]
+
+
+def pow2_buckets(max_len: int, min_len: int = 16) -> tuple[int, ...]:
+    """Length buckets min_len, 2·min_len, ... up to and including max_len."""
+    if not 0 < min_len <= max_len:
+        raise ValueError(f"need 0 < min_len <= max_len, got {min_len}, {max_len}")
+    buckets = []
+    length = min_len
+    while length < max_len:
+        buckets.append(length)
+        length *= 2
+    return (*buckets, max_len)
+
+
+def assemble_rl_batch(
+    groups: Sequence[GroupLike],
+    *,
+    pad_id: int,
+    current_version: int,
+    length_buckets: Sequence[int],
+    num_rows: int | None = None,
+    std_normalize: bool = True,
+    dynamic_sampling: str = "off",
+) -> tuple[RLBatch, dict[str, float]]:
+    """Pad `groups` into an `RLBatch` and return it with host-side batch statistics.
+
+    Statistics: reward mean/std over scorable completions, fraction of zero-signal groups, count of
+    unscorable completions, staleness (current_version − policy_version) mean/max over groups, and
+    the number of loss tokens.
+    """
+    if not groups:
+        raise ValueError("no groups to assemble")
+    group_size = len(groups[0].completions)
+    for group in groups:
+        if len(group.completions) != group_size or group_size == 0:
+            raise ValueError(f"group {group.group_id} has {len(group.completions)} completions; "
+                             f"every group of a batch needs the same positive number ({group_size})")
+        for completion in group.completions:
+            if len(completion.logprobs) != len(completion.token_ids):
+                raise ValueError(f"group {group.group_id}: {len(completion.token_ids)} tokens but "
+                                 f"{len(completion.logprobs)} behaviour logprobs")
+    rewards = np.array([[np.nan if c.reward is None else c.reward for c in g.completions] for g in groups],
+                       np.float64)
+    adv = group_advantages(rewards, std_normalize=std_normalize, dynamic_sampling=dynamic_sampling)
+
+    rows = len(groups) * group_size
+    num_rows = rows if num_rows is None else num_rows
+    if num_rows < rows:
+        raise ValueError(f"{rows} completions do not fit in num_rows={num_rows}")
+    longest = max(len(g.prompt_ids) + len(c.token_ids) for g in groups for c in g.completions)
+    fitting = [b for b in sorted(length_buckets) if b >= longest]
+    if not fitting:
+        raise ValueError(f"a sequence of {longest} tokens exceeds the largest length bucket "
+                         f"{max(length_buckets)}")
+    length = fitting[0]
+
+    input_ids = np.full((num_rows, length), pad_id, np.int32)
+    attention_mask = np.zeros((num_rows, length), np.int32)
+    completion_mask = np.zeros((num_rows, length), np.float32)
+    behaviour = np.zeros((num_rows, length), np.float32)
+    advantages = np.zeros((num_rows,), np.float32)
+    row = 0
+    for i, group in enumerate(groups):
+        prompt = np.asarray(group.prompt_ids, np.int32)
+        for j, completion in enumerate(group.completions):
+            start, end = len(prompt), len(prompt) + len(completion.token_ids)
+            input_ids[row, :start] = prompt
+            input_ids[row, start:end] = completion.token_ids
+            attention_mask[row, :end] = 1
+            completion_mask[row, start:end] = adv.weights[i, j]
+            behaviour[row, start:end] = completion.logprobs
+            advantages[row] = adv.advantages[i, j]
+            row += 1
+
+    scorable = rewards[~np.isnan(rewards)]
+    staleness = np.array([current_version - g.policy_version for g in groups], np.float64)
+    stats = {
+        "reward_mean": float(scorable.mean()) if scorable.size else float("nan"),
+        "reward_std": float(scorable.std()) if scorable.size else float("nan"),
+        "zero_signal_group_frac": adv.num_zero_signal_groups / len(groups),
+        "unscorable_completions": float(adv.num_unscorable),
+        "staleness_mean": float(staleness.mean()),
+        "staleness_max": float(staleness.max()),
+        "num_groups": float(len(groups)),
+        "loss_tokens": float(completion_mask.astype(bool).sum()),
+    }
+    return RLBatch(input_ids, attention_mask, completion_mask, behaviour, advantages), stats

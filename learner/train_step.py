@@ -1,0 +1,214 @@
+"""Jitted train steps for every mode over one `TrainState`: rl (GRPO / GSPO / GSPO-token), sft, pretrain.
+
+Each step splits its global batch into `micro_batches` along the rows, sums the gradients of the
+micro-batch losses with `lax.scan` (every micro-loss is already divided by the *global* batch's
+normaliser, so the sum is the full-batch gradient; activations live for one micro-batch at a
+time), then applies one optax update. Metrics are normalised the same way and summed too.
+
+- rl:       learner.losses.policy_loss on learner.logprobs.per_token_logprobs (chunked unembed),
+            behaviour logprobs as π_old, optional frozen reference (the initial policy) when β > 0.
+- sft:      masked cross-entropy on the batch's loss_mask (completion tokens only).
+- pretrain: the same cross-entropy; its batches mark every token as a target.
+Packed rows (sft/pretrain) attend only within their own example: the attention mask is causal AND
+same-segment, and positions restart per example (learner.data).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from learner.data import TokenBatch
+from learner.logprobs import per_token_logprobs, token_logprobs_and_entropy
+from learner.losses import LossConfig, Normalizer, normalizer_for, policy_loss
+from learner.mesh import shard_rows
+from learner.metrics import Throughput, to_host
+from learner.optim import OptimizerConfig, make_optimizer, make_schedule
+from learner.rl_batch import RLBatch
+from learner.train_state import TrainState, init_train_state
+from models.jax_model import LoadedModel, export_hf_tensors, save_hf_dir, unembed
+
+Batch = dict[str, jax.Array]
+# (params, micro-batch, global normaliser, frozen reference params or None) -> (loss, metrics)
+LossFn = Callable[[nnx.State, Batch, Normalizer, nnx.State | None], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+def packed_hidden(model: nnx.Module, input_ids: jax.Array, segment_ids: jax.Array,
+                  positions: jax.Array) -> jax.Array:
+    """Final-normed hidden states of packed rows: causal attention within each segment only."""
+    t = input_ids.shape[1]
+    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    mask = causal[None] & same & (segment_ids[:, None, :] > 0)
+    return model.hidden_states(input_ids, positions, mask)
+
+
+def chunked_target_logprobs(model: nnx.Module, hidden: jax.Array, targets: jax.Array,
+                            chunk_size: int | None) -> tuple[jax.Array, jax.Array]:
+    """log p(targets) and entropy from hidden states [B, T, D], unembedding `chunk_size` steps at a time.
+
+    Same memory scheme as learner.logprobs.per_token_logprobs (which starts from token ids and the
+    un-packed forward), for hidden states computed by `packed_hidden`.
+    """
+    def chunk(h: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return token_logprobs_and_entropy(unembed(model, h), y)
+
+    batch, length, dim = hidden.shape
+    if chunk_size is None or chunk_size >= length:
+        return chunk(hidden, targets)
+    num = -(-length // chunk_size)
+    pad = num * chunk_size - length
+    h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(batch, num, chunk_size, dim).swapaxes(0, 1)
+    y = jnp.pad(targets, ((0, 0), (0, pad))).reshape(batch, num, chunk_size).swapaxes(0, 1)
+    logps, entropy = jax.lax.map(jax.checkpoint(lambda xs: chunk(*xs)), (h, y))
+    return tuple(x.swapaxes(0, 1).reshape(batch, num * chunk_size)[:, :length] for x in (logps, entropy))
+
+
+class Trainer:
+    """Owns the train state on a mesh and applies rl / sft / pretrain steps to it.
+
+    `rl_step(batch)`, `sft_step(batch)` and `pretrain_step(batch)` take host (numpy) batches, run one
+    optimizer update and return host metrics: loss, grad_norm (before clipping), learning_rate,
+    tokens_per_s, step_time_s, plus the mode's own (rl: policy_loss, kl, entropy, clip fractions,
+    ratio mean; sft/pretrain: entropy, loss_tokens). A batch with no loss token is skipped.
+
+    Args:
+      loaded, mesh: the policy, already placed on `mesh` (models.jax_model.load_model(..., mesh=mesh)).
+      loss: RL loss settings. β > 0 keeps a frozen copy of `loaded`'s weights as the KL reference, so a
+        resumed run must load the same initial model dir before restoring its checkpoint.
+      micro_batches: gradient-accumulation factor; the batch's rows must divide by it.
+      temperature: the actors' sampling temperature (behaviour logprobs are log_softmax(logits / T)).
+      chunk_size: time steps unembedded at once when computing logprobs (bounds the [B, T, V] memory).
+      seed: the state's rng key.
+    """
+
+    def __init__(self, loaded: LoadedModel, mesh: jax.sharding.Mesh, optimizer: OptimizerConfig, *,
+                 loss: LossConfig | None = None, micro_batches: int = 1, temperature: float = 1.0,
+                 chunk_size: int | None = 128, seed: int = 0):
+        if micro_batches < 1:
+            raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+        self.loaded, self.mesh = loaded, mesh
+        self.loss_config = loss or LossConfig()
+        self.micro_batches, self.temperature, self.chunk_size = micro_batches, temperature, chunk_size
+        self._graphdef, params, self._rest = nnx.split(loaded.model, nnx.Param, ...)
+        self._tx = make_optimizer(optimizer)
+        self._schedule = make_schedule(optimizer)
+        with jax.set_mesh(mesh):
+            self.state = init_train_state(params, self._tx, mesh=mesh, seed=seed)
+            # The frozen reference policy is the initial one; copied because steps donate the state.
+            self._reference = jax.tree.map(jnp.copy, params) if self.loss_config.beta > 0 else None
+        self._steps: dict[str, Callable] = {}
+
+    # -- public steps --------------------------------------------------------------------------
+
+    def rl_step(self, batch: RLBatch) -> dict[str, float]:
+        """One update on an assembled RL batch; merge in assemble_rl_batch's statistics for logging."""
+        return self._run("rl", batch._asdict(), batch.completion_mask)
+
+    def sft_step(self, batch: TokenBatch) -> dict[str, float]:
+        return self._run("ce", batch._asdict(), batch.loss_mask)
+
+    pretrain_step = sft_step  # same loss; a pretrain batch's loss_mask covers every token
+
+    @property
+    def model(self) -> nnx.Module:
+        """The model with the current parameters (re-bound each time: steps donate the old buffers)."""
+        return self._bound().model
+
+    def hf_tensors(self, dtype: str | None = None) -> Iterator[tuple[str, np.ndarray]]:
+        """Current weights as HF-named host tensors (for publishing to the actors)."""
+        return export_hf_tensors(self._bound(), dtype)
+
+    def export_hf(self, out_dir: Path, *, tokenizer_dir: Path, dtype: str | None = None) -> Path:
+        """Write the current weights as a HF model dir (vLLM / transformers load it)."""
+        return save_hf_dir(self._bound(), out_dir, tokenizer_dir=tokenizer_dir, dtype=dtype)
+
+    # -- machinery -----------------------------------------------------------------------------
+
+    def _bound(self) -> LoadedModel:
+        nnx.update(self.loaded.model, self.state.params)
+        return self.loaded
+
+    def _run(self, kind: str, arrays: Mapping[str, np.ndarray], loss_mask: np.ndarray) -> dict[str, float]:
+        rows = loss_mask.shape[0]
+        if rows % self.micro_batches:
+            raise ValueError(f"batch of {rows} rows does not split into {self.micro_batches} micro-batches")
+        if not loss_mask.any():
+            # Nothing to learn from (e.g. every group dropped as zero-signal): an update would still
+            # move the parameters through Adam's momentum, so skip it.
+            return {"skipped_empty_batch": 1.0}
+        if kind not in self._steps:
+            loss_fn = self._rl_loss if kind == "rl" else self._ce_loss
+            self._steps[kind] = jax.jit(functools.partial(self._update, loss_fn=loss_fn, kind=kind),
+                                        donate_argnums=0)
+        with Throughput() as meter, jax.set_mesh(self.mesh):
+            batch = shard_rows(self.mesh, arrays)
+            self.state, metrics = self._steps[kind](self.state, batch, self._reference)
+            metrics = to_host(metrics)
+        return {**metrics, **meter.metrics(int(arrays["attention_mask"].sum()))}
+
+    def _normalizer(self, batch: Batch, kind: str) -> Normalizer:
+        return normalizer_for(batch["completion_mask" if kind == "rl" else "loss_mask"][:, 1:])
+
+    def _update(self, state: TrainState, batch: Batch, reference: nnx.State | None, *, loss_fn: LossFn,
+                kind: str) -> tuple[TrainState, dict[str, jax.Array]]:
+        norm = self._normalizer(batch, kind)
+        k = self.micro_batches
+        # Micro-batch j takes rows j, j+k, j+2k, ...: each keeps rows spread over all fsdp shards.
+        micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), batch)
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+        def accumulate(carry, mb):
+            return jax.tree.map(jnp.add, carry, grad_fn(state.params, mb, norm, reference)), None
+
+        shapes = jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro), norm, reference)
+        ((loss, metrics), grads), _ = jax.lax.scan(accumulate, jax.tree.map(jnp.zeros_like, shapes), micro)
+        updates, opt_state = self._tx.update(grads, state.opt_state, state.params)
+        metrics = {"loss": loss, **metrics, "grad_norm": optax.tree.norm(grads),
+                   "learning_rate": self._schedule(state.step)}
+        new_state = TrainState(params=optax.apply_updates(state.params, updates), opt_state=opt_state,
+                               step=state.step + 1, rng=state.rng)
+        return new_state, metrics
+
+    def _merge(self, params: nnx.State) -> nnx.Module:
+        return nnx.merge(self._graphdef, params, self._rest)
+
+    def _rl_loss(self, params: nnx.State, mb: Batch, norm: Normalizer, reference: nnx.State | None):
+        def logprobs(p: nnx.State) -> tuple[jax.Array, jax.Array]:
+            return per_token_logprobs(self._merge(p), mb["input_ids"], mb["attention_mask"],
+                                      temperature=self.temperature, chunk_size=self.chunk_size)
+
+        logps, entropy = logprobs(params)
+        ref = None
+        if reference is not None:
+            ref = jax.lax.stop_gradient(logprobs(reference)[0])
+        return policy_loss(logps, mb["behaviour_logps"][:, 1:], mb["advantages"],
+                           mb["completion_mask"][:, 1:], self.loss_config, norm,
+                           ref_logps=ref, entropy=entropy)
+
+    def _ce_loss(self, params: nnx.State, mb: Batch, norm: Normalizer, reference: nnx.State | None):
+        del reference  # no KL term in sft / pretrain
+        return masked_cross_entropy(self._merge(params), mb, mb["input_ids"][:, 1:], norm, self.chunk_size)
+
+
+def masked_cross_entropy(model: nnx.Module, batch: Batch, targets: jax.Array, norm: Normalizer,
+                         chunk_size: int | None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """L = −Σ_t m_t log p(y_t | x_≤t of its segment) / N_tok, with N_tok taken over the global batch.
+
+    `targets` [B, T−1] are the next tokens (input_ids[:, 1:]); m = batch["loss_mask"][:, 1:], so a
+    target the mask leaves out (a prompt token in SFT) has no effect on the loss or its gradient.
+    """
+    hidden = packed_hidden(model, batch["input_ids"], batch["segment_ids"], batch["positions"])[:, :-1]
+    logps, entropy = chunked_target_logprobs(model, hidden, targets, chunk_size)
+    mask = batch["loss_mask"][:, 1:]
+    denominator = jnp.maximum(norm.num_tokens, 1.0)
+    loss = -(logps * mask).sum() / denominator
+    entropy = jax.lax.stop_gradient((entropy * mask).sum() / denominator)
+    return loss, {"entropy": entropy, "loss_tokens": mask.sum()}

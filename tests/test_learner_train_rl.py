@@ -1,0 +1,150 @@
+"""RL batch assembly and the RL step: padded layout, advantages, statistics, and a GRPO step that
+raises the likelihood of positive-advantage completions."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from learner_train_helpers import tiny_model_dir
+
+from learner.logprobs import per_token_logprobs
+from learner.losses import LossConfig
+from learner.optim import OptimizerConfig
+from learner.rl_batch import assemble_rl_batch, pow2_buckets
+from learner.train_step import Trainer
+from models.jax_model import load_model, make_mesh
+
+PAD = 0
+
+
+@dataclasses.dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]
+    reward: float | None
+
+
+@dataclasses.dataclass
+class Group:
+    group_id: str
+    policy_version: int
+    prompt_ids: list[int]
+    completions: list[Completion]
+
+
+def _group(gid: str, prompt: list[int], completions: list[list[int]], rewards: list[float | None],
+           version: int = 3) -> Group:
+    return Group(gid, version, prompt, [Completion(c, [-1.0 - 0.1 * i for i in range(len(c))], r)
+                                        for c, r in zip(completions, rewards, strict=True)])
+
+
+def test_assembly_layout_advantages_and_statistics():
+    groups = [
+        _group("a", [1, 3, 7], [[8, 9, 2], [8, 2], [9, 9, 9, 2], [2]], [1.0, 0.0, None, 0.0], version=3),
+        _group("b", [1, 3, 6, 6], [[5, 2], [5, 5], [6], [7, 2]], [1.0, 1.0, 1.0, 1.0], version=1),
+    ]
+    batch, stats = assemble_rl_batch(groups, pad_id=PAD, current_version=4, length_buckets=(8, 16),
+                                     num_rows=10, dynamic_sampling="drop")
+    assert batch.input_ids.shape == (10, 8) and batch.advantages.shape == (10,)
+    # row 2: prompt then completion, right-padded; mask and behaviour logprobs on completion tokens only
+    np.testing.assert_array_equal(batch.input_ids[2], [1, 3, 7, 9, 9, 9, 2, PAD])
+    np.testing.assert_array_equal(batch.attention_mask[0], [1, 1, 1, 1, 1, 1, 0, 0])
+    np.testing.assert_array_equal(batch.completion_mask[0], [0, 0, 0, 1, 1, 1, 0, 0])
+    np.testing.assert_allclose(batch.behaviour_logps[0], [0, 0, 0, -1.0, -1.1, -1.2, 0, 0])
+    # group a: scorable rewards [1, 0, 0] → baseline 1/3, std of [1,0,0]; the unscorable one is out
+    scorable = np.array([1.0, 0.0, 0.0])
+    expected = (scorable - scorable.mean()) / (scorable.std(ddof=1) + 1e-4)
+    np.testing.assert_allclose(batch.advantages[[0, 1, 3]], expected, rtol=1e-6)
+    assert batch.advantages[2] == 0 and batch.completion_mask[2].sum() == 0
+    # group b has equal rewards: zero signal, dropped from the loss; padding rows are empty
+    assert (batch.advantages[4:] == 0).all() and batch.completion_mask[4:].sum() == 0
+    assert (batch.input_ids[8:] == PAD).all() and batch.attention_mask[8:].sum() == 0
+    assert stats["zero_signal_group_frac"] == 0.5
+    assert stats["unscorable_completions"] == 1
+    assert stats["reward_mean"] == pytest.approx(np.mean([1, 0, 0, 1, 1, 1, 1]))
+    assert stats["staleness_mean"] == 2.0 and stats["staleness_max"] == 3.0
+    assert stats["loss_tokens"] == 3 + 2 + 1
+
+
+def test_assembly_picks_the_smallest_bucket_and_rejects_bad_groups():
+    assert pow2_buckets(100, 16) == (16, 32, 64, 100)
+    group = _group("a", [1, 3], [[5, 2], [6, 2]], [1.0, 0.0])
+    batch, _ = assemble_rl_batch([group], pad_id=PAD, current_version=3, length_buckets=(16, 4, 8))
+    assert batch.input_ids.shape == (2, 4)
+    with pytest.raises(ValueError, match="largest length bucket"):
+        assemble_rl_batch([group], pad_id=PAD, current_version=3, length_buckets=(3,))
+    with pytest.raises(ValueError, match="same positive number"):
+        assemble_rl_batch([group, _group("b", [1], [[5]], [1.0])], pad_id=PAD, current_version=3,
+                          length_buckets=(8,))
+    broken = _group("c", [1], [[5, 2], [6]], [1.0, 0.0])
+    broken.completions[0].logprobs = [-1.0]
+    with pytest.raises(ValueError, match="behaviour logprobs"):
+        assemble_rl_batch([broken], pad_id=PAD, current_version=3, length_buckets=(8,))
+    with pytest.raises(ValueError, match="num_rows"):
+        assemble_rl_batch([group], pad_id=PAD, current_version=3, length_buckets=(8,), num_rows=1)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny"))
+
+
+@nnx.jit
+def _logprobs(model, input_ids, attention_mask):
+    return per_token_logprobs(model, input_ids, attention_mask, chunk_size=None)[0]
+
+
+def _batch_logprobs(model, mesh, batch) -> np.ndarray:
+    """[B, T-1] log p(token t+1 | ≤ t) under `model`, temperature 1."""
+    with jax.set_mesh(mesh):
+        return np.asarray(_logprobs(model, jnp.asarray(batch.input_ids),
+                                    jnp.asarray(batch.attention_mask)))
+
+
+def _on_policy_batch(model, mesh):
+    """Two prompts × 4 completions; behaviour logprobs = the model's own (on-policy, temperature 1)."""
+    rng = np.random.default_rng(1)
+    prompts = [[1, 3, 6, 15, 7, 4], [1, 3, 8, 15, 9, 4]]
+    rewards = [[1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 1.0, 0.0]]
+    groups = []
+    for g, prompt in enumerate(prompts):
+        completions = [list(rng.integers(5, 20, size=n)) + [2] for n in (3, 5, 4, 2)]
+        groups.append(_group(f"g{g}", prompt, completions, rewards[g], version=0))
+    batch, stats = assemble_rl_batch(groups, pad_id=PAD, current_version=0, length_buckets=(16,))
+    logps = _batch_logprobs(model, mesh, batch)
+    behaviour = np.zeros_like(batch.behaviour_logps)
+    behaviour[:, 1:] = np.where(batch.completion_mask[:, 1:] > 0, logps, 0.0)
+    return batch._replace(behaviour_logps=behaviour), stats
+
+
+def _completion_logprob_sums(trainer, batch) -> np.ndarray:
+    logps = _batch_logprobs(trainer.model, trainer.mesh, batch)
+    return (logps * (batch.completion_mask[:, 1:] > 0)).sum(-1)
+
+
+def test_grpo_steps_raise_the_likelihood_of_positive_advantage_completions(hf_dir):
+    mesh = make_mesh(1, 1)
+    loaded = load_model(hf_dir, mesh=mesh)
+    batch, stats = _on_policy_batch(loaded.model, mesh)
+    trainer = Trainer(loaded, mesh, OptimizerConfig(learning_rate=2e-3, max_grad_norm=None),
+                      loss=LossConfig(beta=0.05))
+    before = _completion_logprob_sums(trainer, batch)
+    first = trainer.rl_step(batch)
+    # On-policy first step: ratio 1, no clipping, KL 0; token-mean loss = −Σ_i A_i·n_i / N_tok.
+    tokens = (batch.completion_mask[:, 1:] > 0).sum(-1)
+    assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert first["clip_frac_low"] == 0 and first["clip_frac_high"] == 0
+    assert first["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert first["loss"] == pytest.approx(-(batch.advantages * tokens).sum() / tokens.sum(), abs=1e-5)
+    for _ in range(4):
+        last = trainer.rl_step(batch)
+    after = _completion_logprob_sums(trainer, batch)
+    delta = after - before
+    assert (delta[batch.advantages > 0] > 0.05).all(), delta
+    assert (delta[batch.advantages < 0] < 0).all(), delta
+    assert last["kl"] > 0 and stats["zero_signal_group_frac"] == 0
