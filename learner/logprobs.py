@@ -23,26 +23,23 @@ def token_logprobs_and_entropy(logits: jax.Array, targets: jax.Array) -> tuple[j
     return logps, entropy
 
 
-def per_token_logprobs(
+def logprobs_from_hidden(
     model,
-    input_ids: jax.Array,
-    attention_mask: jax.Array,
+    hidden: jax.Array,
+    targets: jax.Array,
     *,
     temperature: float = 1.0,
     chunk_size: int | None = 128,
 ) -> tuple[jax.Array, jax.Array]:
-    """Log-probability of token t+1 given tokens ≤ t, and the entropy at t, both [B, T−1] fp32.
+    """log p(targets) and entropy from final hidden states [B, T, D], both [B, T] fp32.
 
-    Logits are divided by `temperature` before the log-softmax, so the values match vLLM's
-    processed logprobs (log_softmax(logits / T)) that the actors sampled with. Entries at padding
-    positions are meaningless; mask them. chunk_size=None computes all positions at once.
+    Unembeds `chunk_size` time steps at a time (see the module docstring); logits are divided by
+    `temperature` first. chunk_size=None computes all positions at once.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     if chunk_size is not None and chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive or None, got {chunk_size}")
-    hidden = forward_hidden(model, input_ids, attention_mask)[:, :-1]  # [B, T-1, D]
-    targets = input_ids[:, 1:]
 
     def chunk(h: jax.Array, t: jax.Array) -> tuple[jax.Array, jax.Array]:
         logits = unembed(model, h).astype(jnp.float32) / temperature
@@ -65,3 +62,22 @@ def per_token_logprobs(
         return x.swapaxes(0, 1).reshape(batch, num_chunks * chunk_size)[:, :length]
 
     return unchunk(logps), unchunk(entropy)
+
+
+def per_token_logprobs(
+    model,
+    input_ids: jax.Array,
+    attention_mask: jax.Array,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = 128,
+) -> tuple[jax.Array, jax.Array]:
+    """Log-probability of token t+1 given tokens ≤ t, and the entropy at t, both [B, T−1] fp32.
+
+    Logits are divided by `temperature` before the log-softmax, so the values match vLLM's
+    processed logprobs (log_softmax(logits / T)) that the actors sampled with. Entries at padding
+    positions are meaningless; mask them. chunk_size=None computes all positions at once.
+    """
+    hidden = forward_hidden(model, input_ids, attention_mask)[:, :-1]  # [B, T-1, D]
+    targets = input_ids[:, 1:]
+    return logprobs_from_hidden(model, hidden, targets, temperature=temperature, chunk_size=chunk_size)

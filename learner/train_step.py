@@ -26,14 +26,14 @@ import optax
 from flax import nnx
 
 from learner.data import TokenBatch
-from learner.logprobs import per_token_logprobs, token_logprobs_and_entropy
+from learner.logprobs import logprobs_from_hidden, per_token_logprobs
 from learner.losses import LossConfig, Normalizer, normalizer_for, policy_loss
 from learner.mesh import shard_rows
 from learner.metrics import Throughput, to_host
 from learner.optim import OptimizerConfig, make_optimizer, make_schedule
 from learner.rl_batch import RLBatch
 from learner.train_state import TrainState, init_train_state
-from models.jax_model import LoadedModel, export_hf_tensors, save_hf_dir, unembed
+from models.jax_model import LoadedModel, export_hf_tensors, save_hf_dir
 
 Batch = dict[str, jax.Array]
 # (params, micro-batch, global normaliser, frozen reference params or None) -> (loss, metrics)
@@ -48,27 +48,6 @@ def packed_hidden(model: nnx.Module, input_ids: jax.Array, segment_ids: jax.Arra
     same = segment_ids[:, :, None] == segment_ids[:, None, :]
     mask = causal[None] & same & (segment_ids[:, None, :] > 0)
     return model.hidden_states(input_ids, positions, mask)
-
-
-def chunked_target_logprobs(model: nnx.Module, hidden: jax.Array, targets: jax.Array,
-                            chunk_size: int | None) -> tuple[jax.Array, jax.Array]:
-    """log p(targets) and entropy from hidden states [B, T, D], unembedding `chunk_size` steps at a time.
-
-    Same memory scheme as learner.logprobs.per_token_logprobs (which starts from token ids and the
-    un-packed forward), for hidden states computed by `packed_hidden`.
-    """
-    def chunk(h: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return token_logprobs_and_entropy(unembed(model, h), y)
-
-    batch, length, dim = hidden.shape
-    if chunk_size is None or chunk_size >= length:
-        return chunk(hidden, targets)
-    num = -(-length // chunk_size)
-    pad = num * chunk_size - length
-    h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(batch, num, chunk_size, dim).swapaxes(0, 1)
-    y = jnp.pad(targets, ((0, 0), (0, pad))).reshape(batch, num, chunk_size).swapaxes(0, 1)
-    logps, entropy = jax.lax.map(jax.checkpoint(lambda xs: chunk(*xs)), (h, y))
-    return tuple(x.swapaxes(0, 1).reshape(batch, num * chunk_size)[:, :length] for x in (logps, entropy))
 
 
 class Trainer:
@@ -206,7 +185,7 @@ def masked_cross_entropy(model: nnx.Module, batch: Batch, targets: jax.Array, no
     target the mask leaves out (a prompt token in SFT) has no effect on the loss or its gradient.
     """
     hidden = packed_hidden(model, batch["input_ids"], batch["segment_ids"], batch["positions"])[:, :-1]
-    logps, entropy = chunked_target_logprobs(model, hidden, targets, chunk_size)
+    logps, entropy = logprobs_from_hidden(model, hidden, targets, chunk_size=chunk_size)
     mask = batch["loss_mask"][:, 1:]
     denominator = jnp.maximum(norm.num_tokens, 1.0)
     loss = -(logps * mask).sum() / denominator
