@@ -13,8 +13,8 @@ WIRE_VERSION = pb.WIRE_VERSION_1
 
 # gRPC's 4 MiB default is too small for weight chunks; both ends set this explicitly.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-# Weight chunks are this big: large frames amortise Python gRPC's per-message cost.
-WEIGHT_CHUNK_BYTES = 16 * 1024 * 1024
+# Weight chunk size: measured on loopback, 1-4 MiB chunks stream ~1.5x faster than 16 MiB.
+WEIGHT_CHUNK_BYTES = 4 * 1024 * 1024
 
 
 def grpc_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:

@@ -322,7 +322,7 @@ class ActorStatus(_message.Message):
     def __init__(self, actor_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., groups_in_flight: _Optional[int] = ..., tokens_per_second: _Optional[float] = ...) -> None: ...
 
 class Accounting(_message.Message):
-    __slots__ = ("prompts_leased", "prompts_reissued", "groups_received", "groups_queued", "groups_consumed", "groups_duplicate", "groups_stale", "groups_invalid", "groups_retry", "completions_unscorable", "prompts_too_long")
+    __slots__ = ("prompts_leased", "prompts_reissued", "groups_received", "groups_queued", "groups_consumed", "groups_duplicate", "groups_stale", "groups_invalid", "groups_retry", "completions_unscorable", "prompts_too_long", "groups_stale_on_arrival", "groups_stale_at_dequeue", "groups_in_queue", "groups_in_batch", "groups_forgotten_on_restart", "prompts_retired", "prompts_outstanding")
     PROMPTS_LEASED_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_REISSUED_FIELD_NUMBER: _ClassVar[int]
     GROUPS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
@@ -334,6 +334,13 @@ class Accounting(_message.Message):
     GROUPS_RETRY_FIELD_NUMBER: _ClassVar[int]
     COMPLETIONS_UNSCORABLE_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_TOO_LONG_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_STALE_ON_ARRIVAL_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_STALE_AT_DEQUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_IN_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_IN_BATCH_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FORGOTTEN_ON_RESTART_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_RETIRED_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
     prompts_leased: int
     prompts_reissued: int
     groups_received: int
@@ -345,7 +352,14 @@ class Accounting(_message.Message):
     groups_retry: int
     completions_unscorable: int
     prompts_too_long: int
-    def __init__(self, prompts_leased: _Optional[int] = ..., prompts_reissued: _Optional[int] = ..., groups_received: _Optional[int] = ..., groups_queued: _Optional[int] = ..., groups_consumed: _Optional[int] = ..., groups_duplicate: _Optional[int] = ..., groups_stale: _Optional[int] = ..., groups_invalid: _Optional[int] = ..., groups_retry: _Optional[int] = ..., completions_unscorable: _Optional[int] = ..., prompts_too_long: _Optional[int] = ...) -> None: ...
+    groups_stale_on_arrival: int
+    groups_stale_at_dequeue: int
+    groups_in_queue: int
+    groups_in_batch: int
+    groups_forgotten_on_restart: int
+    prompts_retired: int
+    prompts_outstanding: int
+    def __init__(self, prompts_leased: _Optional[int] = ..., prompts_reissued: _Optional[int] = ..., groups_received: _Optional[int] = ..., groups_queued: _Optional[int] = ..., groups_consumed: _Optional[int] = ..., groups_duplicate: _Optional[int] = ..., groups_stale: _Optional[int] = ..., groups_invalid: _Optional[int] = ..., groups_retry: _Optional[int] = ..., completions_unscorable: _Optional[int] = ..., prompts_too_long: _Optional[int] = ..., groups_stale_on_arrival: _Optional[int] = ..., groups_stale_at_dequeue: _Optional[int] = ..., groups_in_queue: _Optional[int] = ..., groups_in_batch: _Optional[int] = ..., groups_forgotten_on_restart: _Optional[int] = ..., prompts_retired: _Optional[int] = ..., prompts_outstanding: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

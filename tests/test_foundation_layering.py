@@ -39,7 +39,8 @@ FORBIDDEN = {
 
 def loaded_top_level_modules(package: str) -> set[str]:
     out = subprocess.run(
-        [sys.executable, "-c", PROBE, package, json.dumps(sorted(FORBIDDEN[package]))], cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", PROBE, package, json.dumps(sorted(FORBIDDEN[package]))],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
         env={"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)},
     )
     assert out.returncode == 0, out.stderr[-3000:]

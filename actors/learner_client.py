@@ -1,0 +1,425 @@
+"""Actor-side client of the learner's gRPC service (tandem_wire `Learner`).
+
+Groups: `send_group` hands a ScoredGroup to a background thread that owns one bidirectional
+StreamGroups call. Every group stays in the client's unacked map until the learner answers
+CONSUMED, DUPLICATE, STALE or INVALID; QUEUED groups are kept (the learner may still lose them
+in a restart) and RETRY groups are sent again. When the stream breaks (learner restarted,
+network), the thread re-registers, opens a new stream and re-sends every unacked group in order;
+the learner's de-duplication makes that safe.
+
+Flow control: acks carry the actor's credits (how many more groups the learner will queue for
+it). The sender only sends while `credits - groups awaiting their first ack > 0`; without credits
+it sends one probe now and then (with exponential back-off) to learn when space frees up.
+`send_group` blocks while the backlog exceeds the credits, so an actor never holds more than a
+few groups beyond what the learner has queued for it.
+
+Weights: `fetch_weights` stages a whole version and verifies it (actors/weight_staging.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from actors.weight_staging import StagedWeights, WeightTransferError, stage_weights
+from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
+
+__all__ = [
+    "LearnerClient",
+    "RegisterInfo",
+    "PromptLease",
+    "LearnerUnavailable",
+    "StagedWeights",
+    "WeightTransferError",
+]
+
+log = logging.getLogger(__name__)
+
+AUTH_METADATA_KEY = "authorization"
+FINAL_STATUSES = {
+    pb.ACK_STATUS_CONSUMED: "consumed",
+    pb.ACK_STATUS_DUPLICATE: "duplicate",
+    pb.ACK_STATUS_STALE: "stale",
+    pb.ACK_STATUS_INVALID: "invalid",
+}
+PROBE_DELAY_S = (0.05, 2.0)  # back-off range of credit probes and of reconnects
+CLIENT_CHANNEL_OPTIONS = [  # reconnect quickly after a learner restart (gRPC's default is up to 120 s)
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+
+
+class LearnerUnavailable(ConnectionError):
+    """The learner did not answer within the call timeout."""
+
+
+@dataclass(frozen=True)
+class RegisterInfo:
+    latest_version: int
+    heartbeat_interval_s: float
+    credits: int
+    max_staleness: int
+
+
+@dataclass(frozen=True)
+class PromptLease:
+    group_id: str
+    prompt_ids: list[int]
+    text: str
+    metadata: dict[str, str]
+
+
+class LearnerClient:
+    """One actor's connection to the learner. Thread-safe."""
+
+    def __init__(
+        self,
+        address: str,
+        actor_id: str,
+        auth_token: str | None = None,
+        *,
+        tls_ca_path: str | None = None,
+        call_timeout_s: float = 30.0,
+    ) -> None:
+        if not actor_id:
+            raise ValueError("actor_id must be non-empty")
+        self.address = address
+        self.actor_id = actor_id
+        self._call_timeout_s = call_timeout_s
+        self._metadata = ((AUTH_METADATA_KEY, f"Bearer {auth_token}"),) if auth_token else ()
+        options = grpc_options() + CLIENT_CHANNEL_OPTIONS
+        if tls_ca_path:
+            credentials = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca_path).read_bytes())
+            self._channel = grpc.secure_channel(address, credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
+        self._stub = rpc.LearnerStub(self._channel)
+        self._cond = threading.Condition()
+        self._unacked: dict[str, pb.ScoredGroup] = {}  # insertion order = send order
+        self._to_send: deque[str] = deque()
+        self._awaiting: set[str] = set()  # sent on this stream, no ack yet
+        self._sent_before: set[str] = set()  # unacked ids sent at least once
+        self._server_credits = 1
+        self._probe_at = 0.0
+        self._probe_delay = PROBE_DELAY_S[0]
+        self._latest_version = 0
+        self._registration: tuple[dict[str, Any], int] | None = None
+        self._stream_epoch = 0
+        self._stream_thread: threading.Thread | None = None
+        self._stream_call: Any = None
+        self._closed = False
+        self._counts: Counter[str] = Counter()
+        self.rejections: deque[tuple[str, str, str]] = deque(maxlen=100)  # (group_id, status, detail)
+
+    # ================================================================== registration, prompts
+
+    def register(self, capabilities: dict[str, Any], weight_version: int) -> RegisterInfo:
+        """Announce this actor (ActorCapabilities fields) and the weight version it serves (-1 = none)."""
+        return self._register(capabilities, weight_version, timeout=None)
+
+    def _register(
+        self, capabilities: dict[str, Any], weight_version: int, timeout: float | None
+    ) -> RegisterInfo:
+        request = pb.RegisterRequest(
+            wire_version=WIRE_VERSION,
+            actor_id=self.actor_id,
+            capabilities=pb.ActorCapabilities(**capabilities),
+            weight_version=weight_version,
+        )
+        reply = self._unary(self._stub.Register, request, timeout)
+        with self._cond:
+            self._registration = (dict(capabilities), weight_version)
+            self._server_credits = reply.credits
+            self._latest_version = reply.latest_version
+            self._cond.notify_all()
+        return RegisterInfo(
+            reply.latest_version, reply.heartbeat_interval_ms / 1000.0, reply.credits, reply.max_staleness
+        )
+
+    def heartbeat(
+        self, weight_version: int, groups_in_flight: int = 0, tokens_per_second: float = 0.0
+    ) -> int:
+        """Report liveness; returns the latest published version. Re-registers if the learner
+        forgot this actor (e.g. after a learner restart)."""
+        reply = self._unary(
+            self._stub.Heartbeat,
+            pb.HeartbeatRequest(
+                wire_version=WIRE_VERSION,
+                actor_id=self.actor_id,
+                weight_version=weight_version,
+                groups_in_flight=groups_in_flight,
+                tokens_per_second=tokens_per_second,
+            ),
+        )
+        with self._cond:
+            self._latest_version = reply.latest_version
+            registration = self._registration
+        if not reply.registered and registration is not None:
+            return self.register(registration[0], weight_version).latest_version
+        return reply.latest_version
+
+    def lease_prompts(self, max_prompts: int) -> tuple[list[PromptLease], bool]:
+        """Up to `max_prompts` prompts to sample, and whether the dataset is exhausted."""
+        request = pb.LeasePromptsRequest(
+            wire_version=WIRE_VERSION, actor_id=self.actor_id, max_prompts=max_prompts
+        )
+        try:
+            reply = self._unary(self._stub.LeasePrompts, request)
+        except grpc.RpcError as error:
+            with self._cond:
+                registration = self._registration
+            if error.code() != grpc.StatusCode.FAILED_PRECONDITION or registration is None:
+                raise
+            self.register(*registration)
+            reply = self._unary(self._stub.LeasePrompts, request)
+        leases = [PromptLease(p.group_id, list(p.token_ids), p.text, dict(p.metadata)) for p in reply.prompts]
+        return leases, reply.exhausted
+
+    # ================================================================== groups
+
+    def send_group(self, group: pb.ScoredGroup, timeout: float | None = None) -> None:
+        """Queue a group for the background stream. Blocks only while the backlog exceeds the
+        credits; on `timeout` raises TimeoutError (the group stays queued and will be sent).
+        Fills in actor_id and wire_version when unset."""
+        if not group.group_id:
+            raise ValueError("group_id must be non-empty")
+        if not group.actor_id:
+            group.actor_id = self.actor_id
+        elif group.actor_id != self.actor_id:
+            raise ValueError(f"group from actor {group.actor_id!r} sent by client {self.actor_id!r}")
+        if not group.wire_version:
+            group.wire_version = WIRE_VERSION
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("client is closed")
+            if group.group_id in self._unacked:
+                raise ValueError(f"group {group.group_id!r} is already waiting for an ack")
+            self._unacked[group.group_id] = group
+            self._to_send.append(group.group_id)
+            self._counts["submitted"] += 1
+            if self._stream_thread is None:
+                self._stream_thread = threading.Thread(
+                    target=self._stream_loop, name="tandem-group-stream", daemon=True
+                )
+                self._stream_thread.start()
+            self._cond.notify_all()
+            if not self._cond.wait_for(self._backlog_fits, timeout):
+                raise TimeoutError(f"no credits from the learner within {timeout} s")
+
+    def unacked_count(self) -> int:
+        with self._cond:
+            return len(self._unacked)
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every sent group got a final ack (CONSUMED/DUPLICATE/STALE/INVALID)."""
+        with self._cond:
+            return (
+                self._cond.wait_for(lambda: not self._unacked or self._closed, timeout) and not self._unacked
+            )
+
+    def counts(self) -> dict[str, int]:
+        """Group counts: submitted, sent, resent, queued, retry, consumed, duplicate, stale, invalid,
+        reconnects, unacked."""
+        with self._cond:
+            return {**self._counts, "unacked": len(self._unacked)}
+
+    @property
+    def latest_version(self) -> int:
+        with self._cond:
+            return self._latest_version
+
+    # ================================================================== weights and status
+
+    def fetch_weights(self, version: int = 0) -> StagedWeights:
+        """Download and verify a weight version (0 = the latest); raises WeightTransferError on any
+        failure, in which case nothing is returned."""
+        start = time.monotonic()
+        call = self._stub.FetchWeights(
+            pb.FetchWeightsRequest(wire_version=WIRE_VERSION, actor_id=self.actor_id, version=version),
+            metadata=self._metadata,
+            wait_for_ready=False,  # a learner that is down fails the fetch now; the old weights keep serving
+        )
+        try:
+            staged = stage_weights(call, version)
+        except grpc.RpcError as error:
+            raise WeightTransferError(
+                f"weight stream failed: {error.code().name}: {error.details()}"
+            ) from error
+        except WeightTransferError:
+            call.cancel()
+            raise
+        return dataclasses.replace(staged, transfer_s=time.monotonic() - start)
+
+    def report_weights(
+        self, version: int, applied: bool, detail: str = "", stall_s: float = 0.0, transfer_s: float = 0.0
+    ) -> None:
+        self._unary(
+            self._stub.ReportWeights,
+            pb.WeightReport(
+                actor_id=self.actor_id,
+                version=version,
+                applied=applied,
+                detail=detail,
+                stall_seconds=stall_s,
+                transfer_seconds=transfer_s,
+            ),
+        )
+
+    def status(self) -> pb.StatusReply:
+        return self._unary(self._stub.Status, pb.StatusRequest())
+
+    def close(self) -> None:
+        """Stop the stream thread and close the channel; unacked groups are abandoned (their
+        leases expire at the learner and the prompts are sampled again)."""
+        with self._cond:
+            self._closed = True
+            call = self._stream_call
+            self._cond.notify_all()
+        if call is not None:
+            call.cancel()
+        if self._stream_thread is not None:
+            self._stream_thread.join(timeout=10)
+        self._channel.close()
+
+    def __enter__(self) -> LearnerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ================================================================== internals
+
+    def _unary(self, method: Callable, request: Any, timeout: float | None = None) -> Any:
+        try:
+            return method(
+                request, metadata=self._metadata, timeout=timeout or self._call_timeout_s, wait_for_ready=True
+            )
+        except grpc.RpcError as error:
+            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise LearnerUnavailable(
+                    f"learner at {self.address}: {error.code().name}: {error.details()}"
+                ) from error
+            raise
+
+    def _available_credits(self) -> int:
+        return self._server_credits - len(self._awaiting)
+
+    def _backlog_fits(self) -> bool:
+        return self._closed or not self._to_send or len(self._to_send) <= self._available_credits()
+
+    def _stream_loop(self) -> None:
+        """Run StreamGroups calls until close(); after a break, re-register and re-send everything."""
+        backoff = PROBE_DELAY_S[0]
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                self._stream_epoch += 1
+                epoch = self._stream_epoch
+                self._to_send = deque(self._unacked)
+                self._awaiting.clear()
+                self._cond.notify_all()
+            call = self._stub.StreamGroups(
+                self._requests(epoch), metadata=self._metadata, wait_for_ready=True
+            )
+            with self._cond:
+                self._stream_call = call
+            try:
+                for ack in call:
+                    self._on_ack(ack)
+                    backoff = PROBE_DELAY_S[0]
+            except grpc.RpcError as error:
+                expected = error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+                log.log(
+                    logging.INFO if expected else logging.WARNING,
+                    "group stream to %s broke: %s %s",
+                    self.address,
+                    error.code(),
+                    error.details(),
+                )
+            with self._cond:
+                self._stream_epoch += 1  # ends this stream's request generator
+                if self._closed:
+                    return
+                self._counts["reconnects"] += 1
+                self._cond.wait(backoff)
+            backoff = min(2 * backoff, PROBE_DELAY_S[1])
+            self._reregister()
+
+    def _reregister(self) -> None:
+        """Register again before re-sending (the learner may have restarted and forgotten us)."""
+        with self._cond:
+            registration = self._registration
+        while registration is not None:
+            try:
+                self._register(*registration, timeout=PROBE_DELAY_S[1])
+                return
+            except (LearnerUnavailable, grpc.RpcError) as error:
+                log.info("re-register with %s failed: %s", self.address, error)
+                with self._cond:
+                    if self._closed:
+                        return
+                    self._cond.wait(PROBE_DELAY_S[1])
+
+    def _requests(self, epoch: int) -> Iterator[pb.ScoredGroup]:
+        """The request side of one StreamGroups call: sends while credits allow, else probes."""
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed or epoch != self._stream_epoch:
+                        return
+                    now = time.monotonic()
+                    has_credit = self._available_credits() > 0
+                    may_probe = not self._awaiting and now >= self._probe_at
+                    if self._to_send and (has_credit or may_probe):
+                        break
+                    self._cond.wait(
+                        0.5 if not self._to_send or self._awaiting else max(0.005, self._probe_at - now)
+                    )
+                if not has_credit:
+                    self._probe_at = now + self._probe_delay
+                    self._probe_delay = min(2 * self._probe_delay, PROBE_DELAY_S[1])
+                group_id = self._to_send.popleft()
+                self._awaiting.add(group_id)
+                if group_id in self._sent_before:
+                    self._counts["resent"] += 1
+                self._sent_before.add(group_id)
+                self._counts["sent"] += 1
+                group = self._unacked[group_id]
+                self._cond.notify_all()
+            yield group
+
+    def _on_ack(self, ack: pb.GroupAck) -> None:
+        with self._cond:
+            group_id = ack.group_id
+            self._awaiting.discard(group_id)
+            self._server_credits = ack.credits
+            self._latest_version = ack.latest_version
+            if group_id in self._unacked:
+                if ack.status == pb.ACK_STATUS_QUEUED:
+                    self._counts["queued"] += 1
+                    self._probe_delay = PROBE_DELAY_S[0]
+                elif ack.status == pb.ACK_STATUS_RETRY:
+                    self._counts["retry"] += 1
+                    self._to_send.append(group_id)
+                elif ack.status in FINAL_STATUSES:
+                    name = FINAL_STATUSES[ack.status]
+                    self._counts[name] += 1
+                    del self._unacked[group_id]
+                    self._sent_before.discard(group_id)
+                    if group_id in self._to_send:
+                        self._to_send.remove(group_id)
+                    if ack.status in (pb.ACK_STATUS_INVALID, pb.ACK_STATUS_STALE):
+                        self.rejections.append((group_id, name, ack.detail))
+                        log.warning("group %s %s: %s", group_id, name, ack.detail)
+            self._cond.notify_all()

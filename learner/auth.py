@@ -1,0 +1,54 @@
+"""Shared-token authentication for the learner's gRPC server.
+
+Every RPC must carry the metadata `authorization: Bearer <token>`; anything else is answered
+UNAUTHENTICATED before the servicer runs.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+import grpc
+
+AUTH_METADATA_KEY = "authorization"
+
+
+def bearer(token: str) -> str:
+    return f"Bearer {token}"
+
+
+class BearerTokenInterceptor(grpc.ServerInterceptor):
+    """Refuses every call whose `authorization` metadata is not `Bearer <token>`."""
+
+    def __init__(self, token: str) -> None:
+        if not token:
+            raise ValueError("auth token must be non-empty")
+        self._expected = bearer(token).encode()
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        presented = dict(handler_call_details.invocation_metadata or ()).get(AUTH_METADATA_KEY, "")
+        if hmac.compare_digest(str(presented).encode(), self._expected):
+            return handler
+        return _refusing_like(handler)
+
+
+def _refusing_like(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same streaming kind as `handler` that aborts with UNAUTHENTICATED."""
+
+    def refuse(_request, context):
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong auth token")
+
+    options = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse, **options)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse, **options)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse, **options)
+    return grpc.unary_unary_rpc_method_handler(refuse, **options)

@@ -1,0 +1,162 @@
+"""Scored groups as the trainer sees them, and the checks that turn wire messages into them.
+
+`parse_group` is the single gate between untrusted bytes and the learner: anything it lets
+through has consistent shapes, finite non-positive logprobs, in-range token ids and a reward or an
+unscorable reason per completion. It raises InvalidGroup with a specific detail otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tandem_wire import WIRE_VERSION, pb
+
+FINISH_REASONS = {
+    pb.FINISH_REASON_STOP: "stop",
+    pb.FINISH_REASON_LENGTH: "length",
+    pb.FINISH_REASON_ABORT: "abort",
+}
+# The reasons an actor may give for refusing a prompt (ScoredGroup.rejected_reason).
+REJECTED_REASONS = ("prompt_too_long",)
+
+
+@dataclass
+class CompletionRecord:
+    token_ids: list[int]
+    logprobs: list[float]  # behaviour-policy logprob of each token (pi_old)
+    finish_reason: str  # "stop" | "length" | "abort"
+    reward: float | None
+    unscorable_reason: str | None
+    text: str = ""
+
+
+@dataclass
+class GroupRecord:
+    group_id: str
+    actor_id: str
+    policy_version: int
+    prompt_ids: list[int]
+    completions: list[CompletionRecord]
+    metadata: dict[str, str]
+    rejected_reason: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    received_at: float = 0.0  # time.time() when the learner accepted it
+
+
+@dataclass(frozen=True)
+class GroupLimits:
+    """What a valid group must satisfy; 0 / None disables a limit."""
+
+    latest_version: int
+    group_size: int = 0
+    vocab_size: int | None = None
+    max_prompt_tokens: int = 0
+
+
+class InvalidGroup(ValueError):
+    """A scored group that fails validation; the message is the ack's detail."""
+
+
+def parse_group(msg: pb.ScoredGroup, limits: GroupLimits) -> GroupRecord:
+    """Validate a wire group and convert it; raises InvalidGroup(detail) on the first problem."""
+    if msg.wire_version != WIRE_VERSION:
+        raise InvalidGroup(
+            f"unsupported wire_version {msg.wire_version} (this learner speaks {WIRE_VERSION})"
+        )
+    if not msg.group_id:
+        raise InvalidGroup("empty group_id")
+    if not msg.actor_id:
+        raise InvalidGroup("empty actor_id")
+    if msg.policy_version < 0:
+        raise InvalidGroup(f"negative policy_version {msg.policy_version}")
+    if msg.policy_version > limits.latest_version:
+        raise InvalidGroup(
+            f"policy_version {msg.policy_version} is newer than the latest published "
+            f"version {limits.latest_version}"
+        )
+    prompt_ids = list(msg.prompt_token_ids)
+    if msg.rejected_reason:
+        if msg.rejected_reason not in REJECTED_REASONS:
+            raise InvalidGroup(
+                f"unknown rejected_reason {msg.rejected_reason!r} (allowed: {REJECTED_REASONS})"
+            )
+        if msg.completions:
+            raise InvalidGroup("a rejected prompt must carry no completions")
+        return _record(msg, prompt_ids, [])
+    if not prompt_ids:
+        raise InvalidGroup("empty prompt_token_ids")
+    if limits.max_prompt_tokens and len(prompt_ids) > limits.max_prompt_tokens:
+        raise InvalidGroup(
+            f"prompt has {len(prompt_ids)} tokens > max_prompt_tokens {limits.max_prompt_tokens}"
+        )
+    _check_token_ids("prompt_token_ids", prompt_ids, limits.vocab_size)
+    if not msg.completions:
+        raise InvalidGroup("no completions")
+    if limits.group_size and len(msg.completions) != limits.group_size:
+        raise InvalidGroup(
+            f"group has {len(msg.completions)} completions, expected group_size {limits.group_size}"
+        )
+    completions = [_parse_completion(i, c, limits.vocab_size) for i, c in enumerate(msg.completions)]
+    return _record(msg, prompt_ids, completions)
+
+
+def _parse_completion(i: int, c: pb.Completion, vocab_size: int | None) -> CompletionRecord:
+    where = f"completion {i}"
+    token_ids = list(c.token_ids)
+    logprobs = list(c.logprobs)
+    if not token_ids:
+        raise InvalidGroup(f"{where}: empty token_ids")
+    if len(logprobs) != len(token_ids):
+        raise InvalidGroup(f"{where}: {len(logprobs)} logprobs for {len(token_ids)} tokens")
+    _check_token_ids(f"{where} token_ids", token_ids, vocab_size)
+    values = np.asarray(logprobs, dtype=np.float64)
+    if not np.isfinite(values).all():
+        raise InvalidGroup(f"{where}: non-finite logprob")
+    if (values > 0).any():
+        raise InvalidGroup(f"{where}: positive logprob {values.max()}")
+    if c.finish_reason not in FINISH_REASONS:
+        raise InvalidGroup(f"{where}: finish_reason {c.finish_reason} is not stop/length/abort")
+    score = c.WhichOneof("score")
+    if score is None:
+        raise InvalidGroup(f"{where}: neither reward nor unscorable_reason")
+    if score == "reward" and not np.isfinite(c.reward):
+        raise InvalidGroup(f"{where}: non-finite reward {c.reward}")
+    if score == "unscorable_reason" and not c.unscorable_reason:
+        raise InvalidGroup(f"{where}: empty unscorable_reason")
+    return CompletionRecord(
+        token_ids=token_ids,
+        logprobs=logprobs,
+        finish_reason=FINISH_REASONS[c.finish_reason],
+        reward=c.reward if score == "reward" else None,
+        unscorable_reason=c.unscorable_reason if score == "unscorable_reason" else None,
+        text=c.text,
+    )
+
+
+def _check_token_ids(what: str, token_ids: list[int], vocab_size: int | None) -> None:
+    low, high = min(token_ids), max(token_ids)
+    if low < 0:
+        raise InvalidGroup(f"{what}: negative token id {low}")
+    if vocab_size is not None and high >= vocab_size:
+        raise InvalidGroup(f"{what}: token id {high} >= vocab_size {vocab_size}")
+
+
+def _record(msg: pb.ScoredGroup, prompt_ids: list[int], completions: list[CompletionRecord]) -> GroupRecord:
+    return GroupRecord(
+        group_id=msg.group_id,
+        actor_id=msg.actor_id,
+        policy_version=msg.policy_version,
+        prompt_ids=prompt_ids,
+        completions=completions,
+        metadata=dict(msg.metadata),
+        rejected_reason=msg.rejected_reason or None,
+        timings={
+            "sample_seconds": msg.timings.sample_seconds,
+            "score_seconds": msg.timings.score_seconds,
+            "sampled_at": msg.timings.sampled_at,
+        },
+        received_at=time.time(),
+    )

@@ -1,0 +1,263 @@
+"""The learner's prompt service: it owns the dataset and leases prompts to actors.
+
+Each prompt of each epoch has a stable key, f"{epoch}:{index}", which is also the group id of the
+group sampled from it. A prompt is issued in a seeded shuffled order, leased to one actor for
+`lease_seconds`, re-issued to any actor when the lease expires or the group was dropped as stale,
+and retired for good when its group is consumed (or the actor rejected it as too long). Because
+a re-issued prompt keeps its key, a late copy of its group is recognised as a duplicate.
+
+Checkpointed state is compact: the cursor (epoch, position), the number of fully retired epochs
+and the retired indices of the others. Everything issued but not retired is outstanding, so a
+restored source re-creates those leases (with a fresh expiry, giving the actors that hold them time
+to send their groups again) and neither loses nor repeats a prompt.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+STATE_FORMAT = 1
+
+
+class PromptState(enum.Enum):
+    UNKNOWN = "unknown"  # never issued (or not a key of this dataset)
+    OUTSTANDING = "outstanding"  # leased, or waiting to be re-issued
+    HELD = "held"  # its group is queued at the learner: the lease does not expire
+    RETIRED = "retired"  # consumed or rejected: never leased again
+
+
+@dataclass(frozen=True)
+class LeasedPrompt:
+    group_id: str
+    prompt_ids: list[int]
+    text: str
+    metadata: dict[str, str]
+
+
+@dataclass
+class _Lease:
+    actor_id: str
+    expires_at: float
+    held: bool = False
+
+
+class PromptSource:
+    """Leases the prompts of a dataset to actors with expiry, re-issue and exactly-once retirement.
+
+    `prompts` is a sequence of mappings with any of `prompt_ids` (list[int]), `text` (str) and
+    `metadata` (mapping; values are sent as strings). `epochs=None` cycles forever.
+    Thread-safe.
+    """
+
+    def __init__(
+        self,
+        prompts: Sequence[Mapping[str, Any]],
+        *,
+        epochs: int | None = 1,
+        seed: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if len(prompts) == 0:
+            raise ValueError("PromptSource needs at least one prompt")
+        if epochs is not None and epochs < 1:
+            raise ValueError(f"epochs must be >= 1 or None, got {epochs}")
+        self._prompts = prompts
+        self._num = len(prompts)
+        self._epochs = epochs
+        self._seed = seed
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._epoch = 0  # cursor: next prompt to issue is order(epoch)[pos]
+        self._pos = 0
+        self._complete_epochs = 0  # every prompt of the epochs below is retired
+        self._retired: dict[int, set[int]] = {}  # epoch -> retired indices (epochs >= complete)
+        self._leases: dict[str, _Lease] = {}  # the outstanding prompts
+        self._counts = {"prompts_leased": 0, "prompts_reissued": 0, "prompts_retired": 0}
+        self._orders: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    # ------------------------------------------------------------------ leasing
+
+    def lease(self, actor_id: str, max_prompts: int, lease_seconds: float) -> list[LeasedPrompt]:
+        """Up to `max_prompts` prompts for `actor_id`: expired or released ones first, then new ones."""
+        with self._lock:
+            now = self._clock()
+            keys: list[str] = []
+            expired = sorted(
+                (lease.expires_at, key)
+                for key, lease in self._leases.items()
+                if not lease.held and lease.expires_at <= now
+            )
+            for _, key in expired[:max_prompts]:
+                self._leases[key] = _Lease(actor_id, now + lease_seconds)
+                self._counts["prompts_reissued"] += 1
+                keys.append(key)
+            while len(keys) < max_prompts and not self._cursor_at_end():
+                order, _ = self._order(self._epoch)
+                key = f"{self._epoch}:{int(order[self._pos])}"
+                self._pos += 1
+                if self._pos == self._num:
+                    self._epoch, self._pos = self._epoch + 1, 0
+                self._leases[key] = _Lease(actor_id, now + lease_seconds)
+                keys.append(key)
+            self._counts["prompts_leased"] += len(keys)
+            return [self._leased_prompt(key) for key in keys]
+
+    def exhausted(self) -> bool:
+        """True when every epoch has been issued and no prompt is outstanding."""
+        with self._lock:
+            return self._cursor_at_end() and not self._leases
+
+    def state(self, group_id: str) -> PromptState:
+        with self._lock:
+            parsed = self._parse(group_id)
+            if parsed is None:
+                return PromptState.UNKNOWN
+            if self._is_retired(*parsed):
+                return PromptState.RETIRED
+            lease = self._leases.get(group_id)
+            if lease is None:
+                return PromptState.UNKNOWN
+            return PromptState.HELD if lease.held else PromptState.OUTSTANDING
+
+    def prompt(self, group_id: str) -> Mapping[str, Any]:
+        """The dataset row of a known key."""
+        parsed = self._parse(group_id)
+        if parsed is None:
+            raise KeyError(group_id)
+        return self._prompts[parsed[1]]
+
+    def hold(self, group_id: str) -> None:
+        """The prompt's group is queued: its lease no longer expires."""
+        with self._lock:
+            self._outstanding(group_id).held = True
+
+    def release(self, group_id: str, holder: str | None = None) -> None:
+        """The prompt's group was dropped as stale: re-issue it at the next lease. With `holder`,
+        only if that actor holds the lease (a late copy from an earlier lease changes nothing)."""
+        with self._lock:
+            lease = self._outstanding(group_id)
+            if holder is None or lease.actor_id == holder:
+                lease.held, lease.expires_at = False, -math.inf
+
+    def retire(self, group_id: str) -> None:
+        """The prompt's group was consumed (or the prompt rejected): never lease it again."""
+        with self._lock:
+            self._outstanding(group_id)
+            epoch, index = self._parse(group_id)
+            del self._leases[group_id]
+            self._retired.setdefault(epoch, set()).add(index)
+            self._counts["prompts_retired"] += 1
+            while len(self._retired.get(self._complete_epochs, ())) == self._num:
+                del self._retired[self._complete_epochs]
+                self._complete_epochs += 1
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return {**self._counts, "prompts_outstanding": len(self._leases)}
+
+    # ------------------------------------------------------------------ checkpointing
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state: cursor, retired prompts and counters (leases are re-derived)."""
+        with self._lock:
+            return {
+                "format": STATE_FORMAT,
+                "num_prompts": self._num,
+                "epochs": self._epochs,
+                "seed": self._seed,
+                "cursor": [self._epoch, self._pos],
+                "complete_epochs": self._complete_epochs,
+                "retired": {str(epoch): sorted(indices) for epoch, indices in self._retired.items()},
+                "counts": {name: self._counts[name] for name in sorted(self._counts)},
+            }
+
+    def load_state_dict(self, state: Mapping[str, Any], *, lease_seconds: float) -> None:
+        """Restore a state_dict() of a source over the same dataset, epochs and seed.
+
+        Prompts issued but not retired become outstanding again, leased to nobody for
+        `lease_seconds` (their actors may still send the groups), then re-issued.
+        """
+        expected = {
+            "format": STATE_FORMAT,
+            "num_prompts": self._num,
+            "epochs": self._epochs,
+            "seed": self._seed,
+        }
+        found = {name: state.get(name) for name in expected}
+        if found != expected:
+            raise ValueError(f"prompt state does not match this source: saved {found}, here {expected}")
+        with self._lock:
+            self._epoch, self._pos = (int(v) for v in state["cursor"])
+            self._complete_epochs = int(state["complete_epochs"])
+            self._retired = {int(epoch): set(indices) for epoch, indices in state["retired"].items()}
+            self._counts = {name: int(state["counts"][name]) for name in self._counts}
+            expires_at = self._clock() + lease_seconds
+            self._leases = {}
+            for epoch in range(self._complete_epochs, self._epoch + 1):
+                order, _ = self._order(epoch)
+                issued = order if epoch < self._epoch else order[: self._pos]
+                retired = self._retired.get(epoch, set())
+                for index in issued.tolist():
+                    if index not in retired:
+                        self._leases[f"{epoch}:{index}"] = _Lease("", expires_at)
+
+    # ------------------------------------------------------------------ internals
+
+    def _cursor_at_end(self) -> bool:
+        return self._epochs is not None and self._epoch >= self._epochs
+
+    def _order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(order, position of each index in it) of an epoch; a few epochs are cached."""
+        if epoch not in self._orders:
+            order = np.random.default_rng([self._seed, epoch]).permutation(self._num)
+            position = np.empty_like(order)
+            position[order] = np.arange(self._num)
+            if len(self._orders) >= 4:
+                self._orders.pop(min(self._orders))
+            self._orders[epoch] = (order, position)
+        return self._orders[epoch]
+
+    def _parse(self, group_id: str) -> tuple[int, int] | None:
+        """(epoch, index) of a key this source issued, else None."""
+        epoch_text, sep, index_text = group_id.partition(":")
+        if not (
+            sep
+            and epoch_text.isascii()
+            and epoch_text.isdigit()
+            and index_text.isascii()
+            and index_text.isdigit()
+        ):
+            return None
+        epoch, index = int(epoch_text), int(index_text)
+        if group_id != f"{epoch}:{index}" or index >= self._num:
+            return None
+        with self._lock:
+            if epoch > self._epoch or (epoch == self._epoch and self._order(epoch)[1][index] >= self._pos):
+                return None
+        return epoch, index
+
+    def _is_retired(self, epoch: int, index: int) -> bool:
+        return epoch < self._complete_epochs or index in self._retired.get(epoch, ())
+
+    def _outstanding(self, group_id: str) -> _Lease:
+        lease = self._leases.get(group_id)
+        if lease is None:
+            raise KeyError(f"prompt {group_id!r} is not outstanding")
+        return lease
+
+    def _leased_prompt(self, key: str) -> LeasedPrompt:
+        row = self.prompt(key)
+        return LeasedPrompt(
+            group_id=key,
+            prompt_ids=[int(t) for t in row.get("prompt_ids") or ()],
+            text=str(row.get("text") or ""),
+            metadata={str(k): str(v) for k, v in (row.get("metadata") or {}).items()},
+        )

@@ -1,0 +1,153 @@
+"""Versioned weights: serialised once per version, checksummed, streamed in chunks.
+
+A version is one contiguous byte blob (each tensor 64-byte aligned, so the receiver can view
+every tensor in place) described by a WeightHeader of TensorSpecs, with the sha256 of the blob.
+The whole FetchWeights stream of a version (header, chunks, commit) is serialised once, at
+publish time, so serving it to each actor copies nothing in Python; the blob itself is not kept.
+The newest version is kept, and an older one only while a stream still reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from tandem_wire import WEIGHT_CHUNK_BYTES, pb
+
+ALIGNMENT = 64
+WIRE_DTYPES = {
+    np.dtype(np.float32): pb.DTYPE_FLOAT32,
+    np.dtype(ml_dtypes.bfloat16): pb.DTYPE_BFLOAT16,
+    np.dtype(np.float16): pb.DTYPE_FLOAT16,
+}
+
+
+@dataclass(frozen=True)
+class WeightBlob:
+    version: int
+    header: pb.WeightHeader
+    checksum: str  # sha256 hex digest of the blob
+    messages: tuple[bytes, ...]  # the serialised stream: WeightMessage header, chunks, commit
+
+
+def pack_weights(
+    version: int, tensors: Iterable[tuple[str, np.ndarray]], chunk_bytes: int = WEIGHT_CHUNK_BYTES
+) -> WeightBlob:
+    """Serialise named tensors (float32, bfloat16 or float16) into one aligned, checksummed blob,
+    cut into the serialised messages of its stream."""
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+    arrays: list[tuple[str, np.ndarray]] = []
+    seen: set[str] = set()
+    for name, tensor in tensors:
+        array = np.asarray(tensor)
+        if not array.flags.c_contiguous:  # (np.ascontiguousarray would turn 0-d into 1-d)
+            array = array.copy(order="C")
+        if not name or name in seen:
+            raise ValueError(f"tensor names must be unique and non-empty, got {name!r} twice or empty")
+        if array.dtype not in WIRE_DTYPES:
+            raise ValueError(
+                f"tensor {name!r} has dtype {array.dtype}; the wire carries {[str(d) for d in WIRE_DTYPES]}"
+            )
+        seen.add(name)
+        arrays.append((name, array))
+    header = pb.WeightHeader(version=version, checksum_algorithm="sha256")
+    offset = 0
+    for name, array in arrays:
+        header.tensors.add(
+            name=name, dtype=WIRE_DTYPES[array.dtype], shape=array.shape, offset=offset, nbytes=array.nbytes
+        )
+        offset += -(-array.nbytes // ALIGNMENT) * ALIGNMENT
+    header.total_bytes = offset
+    blob = bytearray(offset)
+    view = memoryview(blob)
+    for spec, (_, array) in zip(header.tensors, arrays, strict=True):
+        view[spec.offset : spec.offset + spec.nbytes] = array.reshape(-1).view(np.uint8)
+    checksum = hashlib.sha256(blob).hexdigest()
+    messages = [pb.WeightMessage(header=header).SerializeToString()]
+    messages += [
+        encode_chunk(version, start, view[start : start + chunk_bytes])
+        for start in range(0, len(blob), chunk_bytes)
+    ]
+    messages.append(
+        pb.WeightMessage(
+            commit=pb.WeightCommit(version=version, checksum=checksum, total_bytes=len(blob))
+        ).SerializeToString()
+    )
+    return WeightBlob(version, header, checksum, tuple(messages))
+
+
+def encode_chunk(version: int, offset: int, data: memoryview) -> bytes:
+    """The serialised WeightMessage{chunk: WeightChunk{version, offset, data}}.
+
+    Written by hand because protobuf's Python API copies the payload three times (bytes(),
+    the field assignment, SerializeToString); this copies it once. Field numbers and wire types
+    follow tandem.proto (WeightMessage.chunk = 2, length-delimited; WeightChunk version = 1 and
+    offset = 2 varints, data = 3 length-delimited); a test checks it against protobuf's own output.
+    """
+    fields = b"".join((b"\x08", _varint(version), b"\x10", _varint(offset), b"\x1a", _varint(len(data))))
+    return b"".join((b"\x12", _varint(len(fields) + len(data)), fields, data))
+
+
+def _varint(value: int) -> bytes:
+    if value < 0:
+        raise ValueError(f"varint of a negative number {value}")
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+class WeightPublisher:
+    """Holds the newest published version (and older ones still being streamed). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._versions: dict[int, WeightBlob] = {}
+        self._readers: dict[int, int] = {}
+        self._latest: WeightBlob | None = None
+
+    @property
+    def latest_version(self) -> int | None:
+        """Version of the newest blob held, None before the first publish."""
+        with self._lock:
+            return None if self._latest is None else self._latest.version
+
+    def publish(self, weights: WeightBlob) -> None:
+        """Make `weights` the newest version; its version must exceed every earlier one."""
+        with self._lock:
+            if self._latest is not None and weights.version <= self._latest.version:
+                raise ValueError(f"version {weights.version} is not newer than {self._latest.version}")
+            self._latest = weights
+            self._versions[weights.version] = weights
+            self._prune()
+
+    def acquire(self, version: int = 0) -> WeightBlob:
+        """Pin a version (0 = the newest) while a stream reads it; KeyError if it is not held.
+        Every acquire must be paired with release()."""
+        with self._lock:
+            weights = self._latest if version == 0 else self._versions.get(version)
+            if weights is None:
+                raise KeyError(
+                    "no weights published yet" if version == 0 else f"version {version} is not held"
+                )
+            self._readers[weights.version] = self._readers.get(weights.version, 0) + 1
+            return weights
+
+    def release(self, weights: WeightBlob) -> None:
+        with self._lock:
+            self._readers[weights.version] -= 1
+            self._prune()
+
+    def _prune(self) -> None:
+        for version in list(self._versions):
+            if version != self._latest.version and not self._readers.get(version):
+                del self._versions[version]
+                self._readers.pop(version, None)

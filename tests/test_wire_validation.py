@@ -1,0 +1,282 @@
+"""What the learner's server answers to each group it is sent, over real gRPC: INVALID with a
+specific detail, DUPLICATE, STALE, RETRY, the prompt_too_long rejection; lease expiry and re-issue;
+and exactly-once across a learner restart."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+
+import grpc
+import numpy as np
+import pytest
+from wire_helpers import VOCAB, connected_client, make_group, make_prompts, running_service, wait_until
+
+from learner.accounting import balance_violations
+from learner.prompt_source import PromptSource
+from learner.service import LearnerService, ServiceConfig
+from tandem_wire import grpc_options, pb, rpc
+
+MAX_PROMPT_TOKENS = 8
+
+
+def exchange(address: str, groups: list[pb.ScoredGroup]) -> list[pb.GroupAck]:
+    """Send groups on one raw StreamGroups call, half-close, return all acks."""
+    channel = grpc.insecure_channel(address, options=grpc_options())
+    try:
+        return list(rpc.LearnerStub(channel).StreamGroups(iter(groups), timeout=30))
+    finally:
+        channel.close()
+
+
+def _completion(group: pb.ScoredGroup, i: int = 1) -> pb.Completion:
+    return group.completions[i]
+
+
+INVALID_CASES = {
+    "missing wire version": (lambda g: g.ClearField("wire_version"), "unsupported wire_version 0"),
+    "future wire version": (lambda g: setattr(g, "wire_version", 2), "unsupported wire_version 2"),
+    "empty group id": (lambda g: setattr(g, "group_id", ""), "empty group_id"),
+    "empty actor id": (lambda g: setattr(g, "actor_id", ""), "empty actor_id"),
+    "group id never leased": (lambda g: setattr(g, "group_id", "7:3"), "never leased"),
+    "group id not a key": (lambda g: setattr(g, "group_id", "'; DROP TABLE"), "never leased"),
+    "wrong group size": (lambda g: g.completions.pop(), "3 completions, expected group_size 4"),
+    "no completions": (lambda g: g.ClearField("completions"), "no completions"),
+    "logprob count != token count": (
+        lambda g: _completion(g).logprobs.append(-1.0),
+        "7 logprobs for 6 tokens",
+    ),
+    "nan logprob": (lambda g: _completion(g).logprobs.__setitem__(2, math.nan), "non-finite logprob"),
+    "infinite logprob": (lambda g: _completion(g).logprobs.__setitem__(0, -math.inf), "non-finite logprob"),
+    "positive logprob": (lambda g: _completion(g).logprobs.__setitem__(0, 0.5), "positive logprob"),
+    "token id >= vocab": (lambda g: _completion(g).token_ids.__setitem__(0, VOCAB), f">= vocab_size {VOCAB}"),
+    "negative token id": (lambda g: _completion(g).token_ids.__setitem__(3, -2), "negative token id -2"),
+    "negative prompt token": (lambda g: g.prompt_token_ids.__setitem__(0, -1), "prompt_token_ids: negative"),
+    "empty completion": (
+        lambda g: (_completion(g).ClearField("token_ids"), _completion(g).ClearField("logprobs")),
+        "completion 1: empty token_ids",
+    ),
+    "prompt too long": (lambda g: g.prompt_token_ids.extend([7] * 4), "9 tokens > max_prompt_tokens 8"),
+    "prompt differs from lease": (
+        lambda g: g.prompt_token_ids.__setitem__(0, g.prompt_token_ids[0] + 1),
+        "differ from the leased prompt",
+    ),
+    "empty prompt": (lambda g: g.ClearField("prompt_token_ids"), "empty prompt_token_ids"),
+    "policy version from the future": (lambda g: setattr(g, "policy_version", 5), "newer than the latest"),
+    "negative policy version": (lambda g: setattr(g, "policy_version", -1), "negative policy_version"),
+    "neither reward nor reason": (
+        lambda g: _completion(g).ClearField("reward"),
+        "neither reward nor unscorable",
+    ),
+    "nan reward": (lambda g: setattr(_completion(g), "reward", math.nan), "non-finite reward"),
+    "infinite reward": (lambda g: setattr(_completion(g), "reward", math.inf), "non-finite reward"),
+    "empty unscorable reason": (
+        lambda g: setattr(_completion(g), "unscorable_reason", ""),
+        "empty unscorable",
+    ),
+    "finish reason unset": (lambda g: _completion(g).ClearField("finish_reason"), "finish_reason 0"),
+    "finish reason unknown": (lambda g: setattr(_completion(g), "finish_reason", 77), "finish_reason 77"),
+    "unknown rejected reason": (lambda g: setattr(g, "rejected_reason", "bored"), "unknown rejected_reason"),
+    "rejected with completions": (
+        lambda g: setattr(g, "rejected_reason", "prompt_too_long"),
+        "must carry no completions",
+    ),
+}
+
+
+def test_each_invalid_group_gets_invalid_with_a_specific_detail_and_loses_nothing():
+    with running_service(max_prompt_tokens=MAX_PROMPT_TOKENS) as (service, address):
+        client = connected_client(address)
+        (lease,), _ = client.lease_prompts(1)
+        broken = []
+        for mutate, _ in INVALID_CASES.values():
+            group = make_group(lease, client.actor_id)
+            mutate(group)
+            broken.append(group)
+        acks = exchange(address, broken)
+        assert len(acks) == len(INVALID_CASES)
+        for (case, (_, detail)), ack in zip(INVALID_CASES.items(), acks, strict=True):
+            assert ack.status == pb.ACK_STATUS_INVALID, (case, ack)
+            assert detail in ack.detail, (case, ack.detail)
+        # Nothing was consumed or lost: the valid group of the same prompt is still accepted.
+        (ack,) = exchange(address, [make_group(lease, client.actor_id)])
+        assert ack.status == pb.ACK_STATUS_QUEUED
+        counts = service.accounting()
+        assert counts["groups_invalid"] == len(INVALID_CASES) and counts["groups_queued"] == 1
+        assert balance_violations(counts) == []
+        client.close()
+
+
+def test_duplicates_are_rejected_whether_queued_or_consumed():
+    with running_service() as (service, address):
+        client = connected_client(address)
+        (lease,), _ = client.lease_prompts(1)
+        group = make_group(lease, client.actor_id)
+        acks = exchange(address, [group, group])
+        assert [(a.status, a.detail) for a in acks] == [
+            (pb.ACK_STATUS_QUEUED, ""),
+            (pb.ACK_STATUS_DUPLICATE, "already queued"),
+        ]
+        (record,) = service.next_batch(1, timeout=5)
+        assert [(a.status, a.detail) for a in exchange(address, [group])] == [
+            (pb.ACK_STATUS_DUPLICATE, "already queued")
+        ]  # handed out counts as queued
+        service.mark_consumed([record.group_id])
+        assert [(a.status, a.detail) for a in exchange(address, [group])] == [
+            (pb.ACK_STATUS_DUPLICATE, "already consumed")
+        ]
+        counts = service.accounting()
+        assert counts["groups_duplicate"] == 3 and counts["groups_consumed"] == 1
+        assert balance_violations(counts) == []
+        client.close()
+
+
+def _tiny_weights():
+    return [("w", np.zeros(4, np.float32))]
+
+
+def test_stale_groups_are_dropped_on_arrival_and_at_dequeue_and_their_prompts_re_leased():
+    with running_service(max_staleness=1) as (service, address):
+        client = connected_client(address)
+        leases, _ = client.lease_prompts(2)
+        service.publish_weights(1, _tiny_weights())
+        service.publish_weights(2, _tiny_weights())
+        acks = exchange(
+            address,
+            [
+                make_group(leases[0], client.actor_id, policy_version=0),
+                make_group(leases[1], client.actor_id, policy_version=1),
+            ],
+        )
+        assert [a.status for a in acks] == [pb.ACK_STATUS_STALE, pb.ACK_STATUS_QUEUED]
+        assert "more than 1 behind 2" in acks[0].detail and acks[0].latest_version == 2
+        # The stale group's prompt goes straight back out, to any actor.
+        other = connected_client(address, "actor-1")
+        assert [p.group_id for p in other.lease_prompts(1)[0]] == [leases[0].group_id]
+        # A queued group that goes stale before the trainer takes it is dropped at dequeue; its
+        # actor hears STALE on its stream.
+        (lease,), _ = other.lease_prompts(1)
+        other.send_group(make_group(lease, "actor-1", policy_version=2))
+        wait_until(lambda: service.queue_depth() == 2, what="second group queued")
+        service.publish_weights(4, _tiny_weights())
+        assert service.next_batch(2, timeout=0.5) == []
+        wait_until(lambda: other.counts().get("stale") == 1, what="STALE ack at dequeue")
+        assert other.rejections[-1][:2] == (lease.group_id, "stale") and other.unacked_count() == 0
+        counts = service.accounting()
+        assert counts["groups_stale_on_arrival"] == 1 and counts["groups_stale_at_dequeue"] == 2
+        assert counts["groups_stale"] == 3 and counts["groups_queued"] == 2
+        assert balance_violations(counts) == []
+        reissued = [p.group_id for p in client.lease_prompts(5)[0]][:2]  # both re-issued first
+        assert sorted(reissued) == sorted([leases[1].group_id, lease.group_id])
+        client.close()
+        other.close()
+
+
+def test_full_queue_answers_retry_and_accepts_the_group_later():
+    with running_service(queue_capacity=2) as (service, address):
+        client = connected_client(address)
+        leases, _ = client.lease_prompts(3)
+        groups = [make_group(lease, client.actor_id) for lease in leases]
+        acks = exchange(address, groups)
+        assert [a.status for a in acks] == [pb.ACK_STATUS_QUEUED, pb.ACK_STATUS_QUEUED, pb.ACK_STATUS_RETRY]
+        assert [a.credits for a in acks] == [1, 0, 0] and acks[2].detail == "queue full"
+        service.mark_consumed([r.group_id for r in service.next_batch(1, timeout=5)])
+        (ack,) = exchange(address, [groups[2]])
+        assert ack.status == pb.ACK_STATUS_QUEUED
+        counts = service.accounting()
+        assert counts["groups_retry"] == 1 and counts["groups_received"] == 4
+        assert balance_violations(counts) == []
+        client.close()
+
+
+def test_a_prompt_rejected_as_too_long_is_retired_and_counted():
+    with running_service(PromptSource(make_prompts(3), epochs=1)) as (service, address):
+        client = connected_client(address)
+        leases, _ = client.lease_prompts(3)
+        rejection = pb.ScoredGroup(
+            wire_version=1,
+            group_id=leases[0].group_id,
+            actor_id=client.actor_id,
+            prompt_token_ids=leases[0].prompt_ids,
+            rejected_reason="prompt_too_long",
+        )
+        acks = exchange(address, [rejection, rejection])
+        assert [(a.status, a.detail) for a in acks] == [
+            (pb.ACK_STATUS_CONSUMED, "prompt retired: prompt_too_long"),
+            (pb.ACK_STATUS_DUPLICATE, "already consumed"),
+        ]
+        for lease in leases[1:]:
+            client.send_group(make_group(lease, client.actor_id))
+        service.mark_consumed([r.group_id for r in service.next_batch(2, timeout=10)])
+        assert client.drain(10) and client.lease_prompts(3) == ([], True)
+        counts = service.accounting()
+        assert counts["prompts_too_long"] == 1 and counts["prompts_retired"] == 3
+        assert balance_violations(counts) == []
+        client.close()
+
+
+@pytest.mark.parametrize("late_copy_first", [False, True])
+def test_an_expired_lease_is_reissued_and_exactly_one_copy_is_consumed(late_copy_first):
+    with running_service(PromptSource(make_prompts(4)), lease_seconds=0.3) as (service, address):
+        slow, fast = connected_client(address, "slow"), connected_client(address, "fast")
+        (lease,), _ = slow.lease_prompts(1)
+        threading.Event().wait(0.4)  # the slow actor misses its lease
+        (reissued,), _ = fast.lease_prompts(1)
+        assert reissued.group_id == lease.group_id
+        first, second = (slow, fast) if late_copy_first else (fast, slow)
+        first.send_group(make_group(lease, first.actor_id, seed=1))
+        wait_until(lambda: service.queue_depth() == 1, what="first copy queued")
+        second.send_group(make_group(lease, second.actor_id, seed=2))
+        wait_until(lambda: second.counts().get("duplicate") == 1, what="second copy rejected")
+        (record,) = service.next_batch(4, timeout=0.5)
+        assert record.actor_id == first.actor_id
+        service.mark_consumed([record.group_id])
+        assert first.drain(10) and second.drain(10)
+        counts = service.accounting()
+        assert counts["prompts_reissued"] == 1 and counts["groups_consumed"] == 1
+        assert balance_violations(counts) == []
+        slow.close()
+        fast.close()
+
+
+def test_learner_restart_resends_unacked_rejects_duplicates_and_consumes_exactly_once():
+    data = make_prompts(30)
+    config = ServiceConfig(group_size=4, vocab_size=VOCAB, lease_seconds=60)
+    old = LearnerService(PromptSource(data, seed=5), config)
+    address = old.start("127.0.0.1:0")
+    client = connected_client(address)
+    leases, _ = client.lease_prompts(12)
+    for i, lease in enumerate(leases):
+        client.send_group(make_group(lease, client.actor_id, seed=i))
+    wait_until(lambda: client.counts().get("queued") == 12, what="12 groups queued")
+    consumed = [r.group_id for r in old.next_batch(4, timeout=5)]
+    old.mark_consumed(consumed)
+    wait_until(lambda: client.counts().get("consumed") == 4, what="4 CONSUMED acks")
+    in_last_step = [r.group_id for r in old.next_batch(3, timeout=5)]
+    old.stop(grace=0)  # the learner dies ...
+    old.mark_consumed(in_last_step)  # ... after a step whose CONSUMED acks never reached the actor
+    consumed += in_last_step
+    state = json.loads(json.dumps(old.state_dict()))  # what the checkpoint holds
+
+    new = LearnerService(PromptSource(data, seed=5), config)
+    new.load_state_dict(state)
+    assert new.start(address) == address
+    try:
+        wait_until(lambda: client.counts().get("duplicate") == 3, timeout=20, what="re-sent consumed groups")
+        wait_until(lambda: new.queue_depth() == 5, what="re-sent queued groups")
+        rest = new.next_batch(5, timeout=5)
+        new.mark_consumed([r.group_id for r in rest])
+        consumed += [r.group_id for r in rest]
+        assert client.drain(10)
+        assert sorted(consumed) == sorted(lease.group_id for lease in leases)  # each exactly once
+        counts = client.counts()
+        assert counts["reconnects"] >= 1 and counts["resent"] == 8 and counts["unacked"] == 0
+        more, _ = client.lease_prompts(30)
+        assert len(more) == 18 and not {p.group_id for p in more} & set(consumed)  # nothing repeated
+        accounting = new.accounting()
+        assert accounting["groups_forgotten_on_restart"] == 5 and accounting["groups_consumed"] == 12
+        assert balance_violations(accounting) == []
+    finally:
+        client.close()
+        new.stop(grace=0)
