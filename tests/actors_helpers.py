@@ -1,0 +1,106 @@
+"""Shared by the actors tests: tiny HF model dirs, `transformers` as the independent oracle, polling.
+
+vLLM's CPU attention needs head_dim >= 32, so the tiny model uses 2 heads x 32.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.numpy import load_file, save_file
+
+TINY_MODEL = dict(num_layers=2, hidden_size=64, intermediate_size=128, num_heads=2, num_kv_heads=1,
+                  head_dim=32, max_position_embeddings=256)
+
+
+def make_base_model(out_dir: Path, seed: int = 0) -> Path:
+    """A tiny random Qwen2 HF dir (config, safetensors, tokenizer) from models.tiny."""
+    from models.tiny import make_tiny_model
+
+    return make_tiny_model(out_dir, family="qwen2", seed=seed, **TINY_MODEL)
+
+
+def chat_prompt(text: str) -> list[int]:
+    """Token ids of ``<bos><user>{text}<asst>`` for models.tokenizer's character vocabulary."""
+    from models.tokenizer import ASST_ID, BOS_ID, DEFAULT_ALPHABET, SPECIAL_TOKENS, USER_ID
+
+    char_id = {c: len(SPECIAL_TOKENS) + i for i, c in enumerate(DEFAULT_ALPHABET)}
+    return [BOS_ID, USER_ID, *(char_id[c] for c in text), ASST_ID]
+
+
+def load_tensors(hf_dir: Path) -> dict[str, np.ndarray]:
+    """All tensors of an HF dir's safetensors files."""
+    tensors: dict[str, np.ndarray] = {}
+    for path in sorted(Path(hf_dir).glob("*.safetensors")):
+        tensors.update(load_file(str(path)))
+    return tensors
+
+
+def random_weights(like: dict[str, np.ndarray], seed: int, std: float = 0.3) -> dict[str, np.ndarray]:
+    """Same names/shapes/dtypes as ``like``; matrices N(0, std^2), vectors (norms, biases) 1 + N(0, 0.1^2).
+
+    A large std makes the next-token distribution sharp, so greedy outputs are free of near-ties.
+    """
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, arr in like.items():
+        if arr.ndim > 1:
+            new = rng.normal(0.0, std, arr.shape)
+        else:
+            new = (1.0 if "norm" in name else 0.0) + rng.normal(0.0, 0.1, arr.shape)
+        out[name] = new.astype(arr.dtype)
+    return out
+
+
+def write_weights_dir(base_dir: Path, out_dir: Path, tensors: dict[str, np.ndarray]) -> Path:
+    """Copy of ``base_dir`` (config, tokenizer) with its weights replaced by ``tensors``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for path in Path(base_dir).iterdir():
+        if path.is_file() and not path.name.startswith("model.safetensors"):
+            shutil.copy(path, out_dir / path.name)
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(out_dir / "model.safetensors"))
+    return out_dir
+
+
+def hf_model(hf_dir: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+
+
+@torch.no_grad()
+def sampled_token_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> np.ndarray:
+    """log_softmax(logits / T) of each completion token given everything before it."""
+    ids = torch.tensor([prompt + completion])
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    return logp.gather(-1, torch.tensor(completion)[:, None])[:, 0].numpy()
+
+
+@torch.no_grad()
+def greedy_tokens(model, prompt: list[int], max_tokens: int, eos_token_id: int) -> list[int]:
+    """Argmax decoding until EOS (included) or ``max_tokens``."""
+    ids = list(prompt)
+    out: list[int] = []
+    for _ in range(max_tokens):
+        nxt = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+        out.append(nxt)
+        ids.append(nxt)
+        if nxt == eos_token_id:
+            break
+    return out
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
+    """Poll ``predicate`` until it returns something truthy (returned) or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
