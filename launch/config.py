@@ -1,5 +1,7 @@
 """The one typed configuration of a tandem run, read from YAML with `key=value` overrides.
 
+Sections are the roles' own config types (learner.losses.LossConfig, learner.optim.OptimizerConfig,
+learner.mesh.MeshConfig, actors.config.ActorConfig, rewards.spec.RewardSpec) plus launch's own.
 Every section forbids unknown keys, so a typo fails at start with the key's full dotted name;
 bad values fail with pydantic's message (which lists the allowed values of a choice).
 """
@@ -12,6 +14,12 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from actors.config import ActorConfig
+from learner.losses import LossConfig
+from learner.mesh import MeshConfig
+from learner.optim import OptimizerConfig
+from rewards.spec import RewardSpec, WeightedReward
 
 
 class Section(BaseModel):
@@ -27,7 +35,7 @@ class TinyModelConfig(Section):
     intermediate_size: int = Field(384, ge=8)
     num_heads: int = Field(4, ge=1)
     num_kv_heads: int = Field(2, ge=1)
-    head_dim: int = Field(32, ge=4)
+    head_dim: int = Field(32, ge=32, description="vLLM's CPU attention needs >= 32")
     tie_word_embeddings: bool = False
     max_position_embeddings: int = Field(256, ge=16)
 
@@ -38,11 +46,6 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16"] = "float32"
 
 
-class MeshConfig(Section):
-    fsdp: int = Field(1, ge=1)
-    tp: int = Field(1, ge=1)
-
-
 class DataConfig(Section):
     """Where examples come from: local jsonl/parquet/arrow files or a hub dataset name.
 
@@ -51,101 +54,82 @@ class DataConfig(Section):
     """
 
     task: Literal["none", "arithmetic"] = "none"
+    dir: str | None = Field(None, description="where task data is generated (default: run_dir/data)")
     train: str | None = None
     eval: str | None = None
     split: str = "train"
-    max_seq_len: int = Field(64, ge=8)
+    seq_len: int = Field(64, ge=8, description="packed row length (sft, pretrain)")
     eval_examples: int = Field(256, ge=1)
-
-
-class OptimConfig(Section):
-    learning_rate: float = Field(1e-3, gt=0)
-    schedule: Literal["cosine", "constant"] = "cosine"
-    warmup_steps: int = Field(0, ge=0)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
-    weight_decay: float = Field(0.0, ge=0)
-    clip_norm: float = Field(1.0, gt=0)
-    b1: float = 0.9
-    b2: float = 0.95
 
 
 class TrainConfig(Section):
     steps: int = Field(100, ge=1)
-    batch_size: int = Field(64, ge=1, description="sequences per step (sft, pretrain)")
+    batch_size: int = Field(64, ge=1, description="packed rows per step (sft, pretrain)")
     prompts_per_step: int = Field(16, ge=1, description="groups per step (rl)")
     micro_batches: int = Field(1, ge=1)
     checkpoint_every: int = Field(50, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     eval_every: int = Field(0, ge=0, description="0 = only at the end")
-    log_every: int = Field(1, ge=1)
+    eval_k: int = Field(8, ge=1, description="samples per prompt for pass@k")
     logprob_chunk: int = Field(64, ge=1)
 
 
-class AlgoConfig(Section):
-    algorithm: Literal["grpo", "gspo", "gspo-token"] = "grpo"
-    epsilon_low: float = Field(0.2, ge=0)
-    epsilon_high: float = Field(0.28, ge=0)
-    beta: float = Field(0.0, ge=0, description="k3 KL coefficient; 0 loads no reference model")
-    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant"] = "token-mean"
-    constant_normalizer: float | None = None
-    std_normalize: bool = True
-    tis_cap: float | None = None
-    dynamic_sampling: Literal["off", "drop", "count"] = "count"
+class RolloutConfig(ActorConfig):
+    """The actors' engine and sampling settings (actors.config.ActorConfig) plus the fleet's."""
 
-
-class RolloutConfig(Section):
+    hf_dir: str = Field("", description="filled in by launch from the model being trained")
     num_actors: int = Field(1, ge=0)
-    group_size: int = Field(8, ge=1)
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(16, ge=1)
-    max_prompt_tokens: int = Field(48, ge=1)
-    max_model_len: int = Field(128, ge=16)
-    kv_cache_gib: float = Field(1.0, gt=0)
     max_staleness: int = Field(1, ge=0)
     publish_every: int = Field(1, ge=1)
     queue_capacity: int = Field(64, ge=1)
     lease_seconds: float = Field(60.0, gt=0)
-    actor_num_cpus: float = Field(1.0, ge=0)
+
+    def actor_config(self, hf_dir: str, auth_token: str | None) -> ActorConfig:
+        fields = self.model_dump(include=set(ActorConfig.model_fields))
+        return ActorConfig(**{**fields, "hf_dir": hf_dir, "auth_token": auth_token})
 
 
-class RewardFunctionConfig(Section):
-    ref: str = Field(description="registered name or package.module:function")
-    weight: float = 1.0
+class RewardsConfig(RewardSpec):
+    """Reward functions (rewards.spec.RewardSpec) plus how many isolated workers score them."""
 
-
-class RewardsConfig(Section):
-    functions: list[RewardFunctionConfig] = [RewardFunctionConfig(ref="exact_match")]
+    functions: list[WeightedReward] = Field(default_factory=lambda: [WeightedReward(ref="exact_match")],
+                                            min_length=1)
     num_workers: int = Field(1, ge=1)
-    timeout_s: float = Field(5.0, gt=0)
+
+    def spec(self) -> RewardSpec:
+        return RewardSpec(**self.model_dump(include=set(RewardSpec.model_fields)))
 
 
 class ServerConfig(Section):
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535, description="0 = any free port")
     auth_token: str | None = Field(None, description="shared token; defaults to $TANDEM_AUTH_TOKEN")
+    tls_cert_path: str | None = None
+    tls_key_path: str | None = None
 
 
 class TandemConfig(Section):
     mode: Literal["rl", "sft", "pretrain"] = "rl"
     run_dir: str = "runs/default"
     seed: int = 0
-    init_from: str | None = Field(None, description="HF dir to start from (overrides model.path)")
-    ray_address: str | None = Field(None, description="None = connect to a running cluster or start a local one")
+    ray_address: str | None = Field(None, description="None = the job's cluster, else a local Ray")
     model: ModelConfig = ModelConfig()
     mesh: MeshConfig = MeshConfig()
     data: DataConfig = DataConfig()
-    optim: OptimConfig = OptimConfig()
+    optim: OptimizerConfig = OptimizerConfig()
     train: TrainConfig = TrainConfig()
-    algo: AlgoConfig = AlgoConfig()
+    algo: LossConfig = LossConfig()
     rollout: RolloutConfig = RolloutConfig()
     rewards: RewardsConfig = RewardsConfig()
     server: ServerConfig = ServerConfig()
 
     @model_validator(mode="after")
-    def _token_from_environment(self) -> TandemConfig:
+    def _derived_defaults(self) -> TandemConfig:
         if self.server.auth_token is None and os.environ.get("TANDEM_AUTH_TOKEN"):
             self.server.auth_token = os.environ["TANDEM_AUTH_TOKEN"]
+        if "total_steps" not in self.optim.model_fields_set:  # the schedule spans the run by default
+            self.optim = self.optim.model_copy(update={"total_steps": self.train.steps})
+            OptimizerConfig.model_validate(self.optim.model_dump())
         return self
 
 
@@ -172,7 +156,7 @@ def format_validation_error(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
         key = ".".join(str(p) for p in item["loc"])
-        if item["type"] == "extra_forbidden":
+        if item["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             lines.append(f"unknown key '{key}'")
         else:
             lines.append(f"'{key}': {item['msg']} (got {item.get('input')!r})")

@@ -1,0 +1,48 @@
+"""Connect to the Ray cluster a job runs in, or start a local one for `python launch/<entry>.py`.
+
+Under `ray job submit --working-dir . -- python launch/rl.py ...` the driver already has
+RAY_ADDRESS and the job's working directory on every worker's path. Run directly, the entrypoint
+starts a local Ray whose workers get the repo root on PYTHONPATH and the resources tandem's
+actors ask for (`rollout`, `reward`). On a real cluster, start nodes with those resources, e.g.
+`ray start --head --resources='{"rollout": 8, "reward": 4}'`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import ray
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# Environment every tandem worker needs (vLLM on CPU reserves ~90 % of RAM for KV cache unless told).
+WORKER_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+}
+
+
+def connect(address: str | None = None, *, rollout_slots: int = 4, reward_slots: int = 4,
+            num_cpus: int | None = None) -> bool:
+    """Initialise Ray; returns True when this call started a local cluster (the caller shuts it down)."""
+    if ray.is_initialized():
+        return False
+    env = dict(WORKER_ENV)
+    for name in ("VLLM_CPU_KVCACHE_SPACE", "JAX_PLATFORMS", "TANDEM_AUTH_TOKEN"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
+        return False
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    ray.init(
+        num_cpus=num_cpus or max(4, os.cpu_count() or 1),
+        resources={"rollout": rollout_slots, "reward": reward_slots},
+        include_dashboard=False,
+        runtime_env={"env_vars": env},
+    )
+    return True

@@ -1,0 +1,306 @@
+"""What every entrypoint shares: reading the config, preparing a run, and the three run modes.
+
+    python launch/pretrain.py CONFIG [key=value ...]   learner alone, all tokens of `text` rows
+    python launch/sft.py      CONFIG [key=value ...]   learner alone, completion-only loss on `messages`
+    python launch/rl.py       CONFIG [key=value ...]   learner + rollout actors + reward pool (GRPO/GSPO)
+
+Each writes under `run_dir`: checkpoints/ (orbax; a rerun resumes), tb/ (TensorBoard + metrics.jsonl),
+hf_final/ (an HF model dir vLLM and transformers load) and summary.json (final numbers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from launch.arithmetic import make_arithmetic_data
+from launch.config import ConfigError, TandemConfig, load_config
+from launch.ray_cluster import WORKER_ENV
+
+Mode = str  # "pretrain" | "sft" | "rl"
+MODES = ("pretrain", "sft", "rl")
+CONSOLE_KEYS = ("loss", "reward_mean", "pass_rate", "kl", "entropy", "clip_frac_high", "grad_norm",
+                "learning_rate", "tokens_per_s", "staleness_mean", "weight_version", "groups_consumed")
+
+log = logging.getLogger("tandem")
+
+
+@dataclass
+class Run:
+    """A prepared run: its directory, the model it starts from, and its data files."""
+
+    config: TandemConfig
+    run_dir: Path
+    model_dir: Path
+    train_data: str | None
+    eval_data: str | None
+
+
+def parse_config(mode: Mode, argv: list[str] | None) -> TandemConfig:
+    parser = argparse.ArgumentParser(
+        prog=f"launch/{mode}.py",
+        description=f"tandem {mode}: " + {
+            "pretrain": "train the learner alone on all tokens of a text dataset (rows with `text`).",
+            "sft": "train the learner alone on assistant tokens of chat data (rows with `messages`).",
+            "rl": "GRPO/GSPO with vLLM rollout actors and a reward pool on Ray (rows with `prompt`, `answer`).",
+        }[mode],
+        epilog="Overrides use dotted keys, e.g. train.steps=20 algo.algorithm=gspo rollout.num_actors=2. "
+               "Every key is documented in launch/config.py; launch/configs/ has examples.",
+    )
+    parser.add_argument("config", nargs="?", help="YAML config (default: built-in defaults)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides")
+    args = parser.parse_args(argv)
+    overrides = list(args.overrides)
+    if args.config and "=" in args.config and not args.config.endswith((".yaml", ".yml")):
+        overrides.insert(0, args.config)  # no config file given, only overrides
+        args.config = None
+    return load_config(args.config, overrides)
+
+
+def prepare(config: TandemConfig, mode: Mode) -> Run:
+    """Create run_dir, the demo data (task=arithmetic) and the initial model when none is given."""
+    from models.tiny import make_tiny_model
+
+    run_dir = Path(config.run_dir).absolute()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    train, evaluation = config.data.train, config.data.eval
+    if config.data.task == "arithmetic":
+        data_dir = Path(config.data.dir).absolute() if config.data.dir else run_dir / "data"
+        files = {"pretrain": data_dir / "pretrain.jsonl", "sft": data_dir / "sft.jsonl", "rl": data_dir / "rl.jsonl",
+                 "heldout": data_dir / "heldout.jsonl"}
+        if not all(f.exists() for f in files.values()):
+            files = make_arithmetic_data(data_dir, seed=config.seed)
+        train = train or str(files[mode])
+        evaluation = evaluation or str(files["heldout"])
+    if train is None:
+        raise ConfigError(f"'data.train' is required for {mode} (or data.task=arithmetic)")
+    if config.model.path:
+        model_dir = Path(config.model.path)
+        if not (model_dir / "config.json").exists():
+            raise ConfigError(f"'model.path': {model_dir} is not an HF model dir (no config.json)")
+    else:
+        model_dir = run_dir / "init_model"
+        if not (model_dir / "config.json").exists():
+            make_tiny_model(model_dir, seed=config.seed, **config.model.tiny.model_dump())
+    return Run(config, run_dir, model_dir, train, evaluation)
+
+
+def build_trainer(run: Run, *, temperature: float = 1.0):
+    """The learner's model on its mesh, optimizer and loss, ready for steps."""
+    from learner.mesh import make_learner_mesh
+    from learner.train_step import Trainer
+    from models.jax_model import load_model
+
+    config = run.config
+    mesh = make_learner_mesh(config.mesh)
+    loaded = load_model(run.model_dir, mesh=mesh, dtype=config.model.dtype)
+    return Trainer(loaded, mesh, config.optim, loss=config.algo, micro_batches=config.train.micro_batches,
+                   temperature=temperature, chunk_size=config.train.logprob_chunk, seed=config.seed)
+
+
+def chat_prompt_rows(path: str, tokenizer, *, split: str = "train", limit: int | None = None) -> list[dict]:
+    """RL/eval rows {prompt, answer, ...} → {prompt_ids (chat template + generation prompt), text, metadata}."""
+    from learner.data import load_rows
+
+    rows = load_rows(path, split)
+    if "prompt" not in rows.column_names:
+        raise ConfigError(f"{path}: rl/eval data needs a 'prompt' column, has {rows.column_names}")
+    if limit is not None:
+        rows = rows.select(range(min(limit, len(rows))))
+    out = []
+    for row in rows:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}], tokenize=True,
+                                            add_generation_prompt=True, return_dict=False)
+        metadata = {k: str(v) for k, v in row.items() if k != "prompt"}
+        out.append({"prompt_ids": list(ids), "text": row["prompt"], "metadata": metadata})
+    return out
+
+
+def make_evaluator(run: Run, tokenizer, hf_dir: Path):
+    """An Evaluator over the held-out split, scoring with the run's rewards in an isolated process."""
+    from launch.evaluation import EvalExample, Evaluator
+    from rewards.isolation import IsolatedScorer
+
+    config = run.config
+    if run.eval_data is None:
+        return None
+    rows = chat_prompt_rows(run.eval_data, tokenizer, limit=config.data.eval_examples)
+    examples = [EvalExample(r["prompt_ids"], r["text"], r["metadata"]) for r in rows]
+    return Evaluator(hf_dir, examples, IsolatedScorer(config.rewards.spec()), k=config.train.eval_k,
+                     max_tokens=config.rollout.max_tokens, temperature=config.rollout.temperature,
+                     max_model_len=config.rollout.max_model_len, kv_cache_gib=0.25, seed=config.seed)
+
+
+def console_line(mode: Mode, step: int, metrics: dict[str, float]) -> str:
+    shown = [f"{k}={metrics[k]:.4g}" for k in CONSOLE_KEYS if k in metrics]
+    return f"[{mode}] step {step} " + " ".join(shown)
+
+
+class Progress:
+    """A tqdm bar plus one console line per step (tqdm.write keeps the bar intact)."""
+
+    def __init__(self, mode: Mode, total: int, initial: int = 0):
+        self.mode = mode
+        self.bar = tqdm(total=total, initial=initial, desc=mode, dynamic_ncols=True, mininterval=1.0,
+                        disable=not sys.stderr.isatty())
+
+    def __call__(self, step: int, metrics: dict[str, float]) -> None:
+        self.bar.update(step - self.bar.n)
+        tqdm.write(console_line(self.mode, step, metrics))
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def write_summary(run: Run, summary: dict[str, Any]) -> None:
+    (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+
+
+def run_supervised_mode(run: Run, mode: Mode) -> dict[str, Any]:
+    """pretrain / sft: no actors, no reward workers; returns the summary."""
+    from transformers import AutoTokenizer
+
+    from learner.checkpoint import Checkpointer
+    from learner.data import DataConfig, make_batches
+    from learner.metrics import MetricsWriter
+    from learner.supervised_loop import run_supervised
+
+    config = run.config
+    tokenizer = AutoTokenizer.from_pretrained(run.model_dir)
+    trainer = build_trainer(run)
+    batches = make_batches(DataConfig(kind=mode, source=run.train_data, split=config.data.split,
+                                      seq_len=config.data.seq_len, batch_size=config.train.batch_size,
+                                      seed=config.seed), tokenizer)
+    checkpointer = Checkpointer(run.run_dir / "checkpoints", max_to_keep=config.train.keep_checkpoints,
+                                save_every=config.train.checkpoint_every)
+    progress = Progress(mode, config.train.steps)
+    with MetricsWriter(run.run_dir / "tb") as writer:
+        run_supervised(trainer, batches, checkpointer, writer, steps=config.train.steps, on_step=progress)
+    progress.close()
+    checkpointer.close()
+    hf_dir = trainer.export_hf(run.run_dir / "hf_final", tokenizer_dir=run.model_dir)
+    summary: dict[str, Any] = {"mode": mode, "steps": config.train.steps, "hf_final": str(hf_dir)}
+    evaluator = make_evaluator(run, tokenizer, hf_dir)
+    if evaluator is not None:
+        summary["eval"] = evaluator.evaluate()
+        evaluator.close()
+    write_summary(run, summary)
+    return summary
+
+
+def advertised_host(bind_host: str) -> str:
+    """The address actors dial: the bind host, or this node's IP when binding every interface."""
+    if bind_host not in ("0.0.0.0", "::", ""):
+        return bind_host
+    import ray
+
+    return ray.util.get_node_ip_address() if ray.is_initialized() else socket.gethostbyname(socket.gethostname())
+
+
+def run_rl_mode(run: Run) -> dict[str, Any]:
+    """The full loop: learner service + RL loop here, rollout actors and reward workers on Ray."""
+    import ray
+    from transformers import AutoTokenizer
+
+    from actors.fleet import start_named_fleet
+    from launch import ray_cluster
+    from learner.checkpoint import Checkpointer
+    from learner.metrics import MetricsWriter
+    from learner.prompt_source import PromptSource
+    from learner.rl_loop import RLLoop, RLLoopConfig
+    from learner.service import LearnerService, ServiceConfig
+    from rewards.pool import RewardPool
+
+    config, rollout = run.config, run.config.rollout
+    tokenizer = AutoTokenizer.from_pretrained(run.model_dir)
+    started_ray = ray_cluster.connect(config.ray_address)
+    trainer = build_trainer(run, temperature=rollout.temperature)
+    prompts = PromptSource(chat_prompt_rows(run.train_data, tokenizer, split=config.data.split),
+                           epochs=None, seed=config.seed)
+    service = LearnerService(prompts, ServiceConfig(
+        queue_capacity=rollout.queue_capacity, max_staleness=rollout.max_staleness,
+        group_size=rollout.group_size, lease_seconds=rollout.lease_seconds,
+        max_prompt_tokens=rollout.max_prompt_tokens, auth_token=config.server.auth_token,
+        vocab_size=int(trainer.loaded.hf_config["vocab_size"]), tls_cert_path=config.server.tls_cert_path,
+        tls_key_path=config.server.tls_key_path, mode="rl"))
+    checkpointer = Checkpointer(run.run_dir / "checkpoints", max_to_keep=config.train.keep_checkpoints,
+                                save_every=config.train.checkpoint_every)
+    loop = RLLoop(trainer, service, checkpointer, None, RLLoopConfig(
+        steps=config.train.steps, prompts_per_step=config.train.prompts_per_step,
+        group_size=rollout.group_size, max_sequence_len=rollout.max_prompt_tokens + rollout.max_tokens,
+        publish_every=rollout.publish_every), pad_id=tokenizer.pad_token_id)
+    bound = loop.start(f"{config.server.host}:{config.server.port}")
+    address = f"{advertised_host(config.server.host)}:{bound.rsplit(':', 1)[1]}"
+    log.info("learner serving on %s (version %d, step %d)", address, loop.version, loop.step)
+    pool = RewardPool(config.rewards.spec(), config.rewards.num_workers)
+    fleet = start_named_fleet(rollout.actor_config(str(run.model_dir), config.server.auth_token), address,
+                              pool.handles(), initial_actors=rollout.num_actors)
+    evaluator = make_evaluator(run, tokenizer, run.model_dir) if config.train.eval_every else None
+    progress = Progress("rl", config.train.steps, initial=loop.step)
+    writer = MetricsWriter(run.run_dir / "tb")
+    evals: dict[int, dict[str, float]] = {}
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        if evaluator is not None and step % config.train.eval_every == 0:
+            evals[step] = evaluator.evaluate(tensors=trainer.hf_tensors())
+            metrics.update({f"eval/{k}": v for k, v in evals[step].items()})
+            tqdm.write(f"[rl] eval at step {step}: {evals[step]}")
+        writer.write(step, metrics)
+        progress(step, metrics)
+
+    try:
+        accounting = loop.run(on_step=on_step)
+        actor_stats = ray.get(fleet.stats.remote())
+    finally:
+        progress.close()
+        writer.close()
+        ray.get(fleet.shutdown.remote())
+        reward_stats = pool.stats()
+        pool.shutdown()
+        service.stop()
+        checkpointer.close()
+        if evaluator is not None:
+            evaluator.close()
+    hf_dir = trainer.export_hf(run.run_dir / "hf_final", tokenizer_dir=run.model_dir)
+    summary: dict[str, Any] = {"mode": "rl", "steps": loop.step, "weight_version": loop.version,
+                               "hf_final": str(hf_dir), "accounting": accounting, "evals": evals,
+                               "reward_stats": reward_stats, "actors": actor_stats}
+    final = make_evaluator(run, tokenizer, hf_dir)
+    if final is not None:
+        summary["eval"] = final.evaluate()
+        final.close()
+    write_summary(run, summary)
+    if started_ray:
+        ray.shutdown()
+    return summary
+
+
+def setup_process() -> None:
+    """Logging, and the environment a vLLM engine in this process (evaluation) needs."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for name, value in WORKER_ENV.items():
+        os.environ.setdefault(name, value)
+
+
+def main_for(mode: Mode, argv: list[str] | None = None) -> int:
+    """Entry point body of launch/<mode>.py; returns the process exit code."""
+    setup_process()
+    try:
+        config = parse_config(mode, argv)
+        run = prepare(config, mode)
+    except ConfigError as error:
+        print(f"error: {error}")
+        return 2
+    summary = run_rl_mode(run) if mode == "rl" else run_supervised_mode(run, mode)
+    print(json.dumps({k: summary[k] for k in ("mode", "steps", "hf_final", "eval", "accounting") if k in summary},
+                     indent=2))
+    return 0

@@ -1,0 +1,135 @@
+"""The learner's RL loop: take scored groups from the service, update, publish weights, checkpoint.
+
+    restore (params, optimizer, step, weight version, the service's exactly-once state)
+    start the gRPC service; publish the current weights as the current version
+    repeat until `steps`:
+        groups  ← service.next_batch(P)            validated, de-duplicated, fresh (≤ max_staleness)
+        batch   ← assemble_rl_batch(groups)        padded arrays + group-relative advantages
+        metrics ← trainer.rl_step(batch)
+        service.mark_consumed(groups)              prompts retired; actors told CONSUMED
+        every publish_every steps: version += 1; service.publish_weights(version, params)
+        checkpoint (service.state_dict() inside, so params and retired prompts stay consistent)
+
+Exactly-once holds per prompt along the checkpointed history: a checkpoint stores the params
+and, with them, which prompts those params were trained on. A learner restored from it re-leases
+every prompt consumed after it, so no prompt is lost and none is counted twice in the model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from learner.checkpoint import Checkpointer
+from learner.metrics import MetricsWriter
+from learner.rl_batch import assemble_rl_batch, pow2_buckets
+from learner.service import GroupRecord, LearnerService
+from learner.train_step import Trainer
+
+StepCallback = Callable[[int, dict[str, float]], None]
+
+
+@dataclass(frozen=True)
+class RLLoopConfig:
+    steps: int
+    prompts_per_step: int
+    group_size: int
+    max_sequence_len: int              # prompt + completion tokens, the largest length bucket
+    publish_every: int = 1
+    batch_timeout_s: float = 900.0     # give up when no group arrives for this long
+    min_bucket_len: int = 16
+
+
+class NoRolloutsError(RuntimeError):
+    """No scored group reached the learner for `batch_timeout_s` (actors dead or misconfigured)."""
+
+
+class RLLoop:
+    """Drives one RL run on the learner side; the actors and reward pool live elsewhere."""
+
+    def __init__(self, trainer: Trainer, service: LearnerService, checkpointer: Checkpointer,
+                 writer: MetricsWriter | None, config: RLLoopConfig, *, pad_id: int):
+        self.trainer, self.service, self.checkpointer, self.writer = trainer, service, checkpointer, writer
+        self.config, self.pad_id = config, pad_id
+        self.buckets = pow2_buckets(config.max_sequence_len, min(config.min_bucket_len, config.max_sequence_len))
+        self.step = 0
+        self.version = 0
+
+    def start(self, address: str = "127.0.0.1:0") -> str:
+        """Restore the newest checkpoint if any, start serving, publish the current weights."""
+        restored = self.checkpointer.restore(self.trainer.state)
+        if restored is not None:
+            self.trainer.state = restored.state
+            self.step, self.version = restored.step, restored.weight_version
+            self.service.load_state_dict(restored.extra["service"])
+        bound = self.service.start(address)
+        self.service.set_step(self.step)
+        self.service.publish_weights(self.version, self.trainer.hf_tensors())
+        return bound
+
+    def run(self, on_step: StepCallback | None = None) -> dict[str, Any]:
+        """Train until `config.steps`; returns the final accounting."""
+        while self.step < self.config.steps:
+            groups = self._next_groups()
+            metrics = self._train_on(groups)
+            self.step += 1
+            self.service.mark_consumed([g.group_id for g in groups])
+            self.service.set_step(self.step)
+            if self.step % self.config.publish_every == 0 or self.step == self.config.steps:
+                started = time.perf_counter()
+                self.version += 1
+                self.service.publish_weights(self.version, self.trainer.hf_tensors())
+                metrics["publish_s"] = time.perf_counter() - started
+            self.checkpointer.save(self.step, self.trainer.state, {"service": self.service.state_dict()},
+                                   weight_version=self.version, force=self.step == self.config.steps)
+            metrics.update(self._live_counts())
+            if self.writer is not None:
+                self.writer.write(self.step, metrics)
+            if on_step is not None:
+                on_step(self.step, metrics)
+        self.checkpointer.wait()
+        return self.service.accounting()
+
+    def _next_groups(self) -> list[GroupRecord]:
+        """Exactly `prompts_per_step` groups; waits while actors sample."""
+        groups: list[GroupRecord] = []
+        deadline = time.monotonic() + self.config.batch_timeout_s
+        while len(groups) < self.config.prompts_per_step:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise NoRolloutsError(
+                    f"only {len(groups)} of {self.config.prompts_per_step} groups arrived in "
+                    f"{self.config.batch_timeout_s:.0f} s; accounting: {self.service.accounting()}")
+            fresh = self.service.next_batch(self.config.prompts_per_step - len(groups), timeout=min(remaining, 5.0))
+            if fresh:
+                deadline = time.monotonic() + self.config.batch_timeout_s
+            groups += fresh
+        return groups
+
+    def _train_on(self, groups: list[GroupRecord]) -> dict[str, float]:
+        started = time.perf_counter()
+        batch, stats = assemble_rl_batch(
+            groups, pad_id=self.pad_id, current_version=self.version, length_buckets=self.buckets,
+            num_rows=self.config.prompts_per_step * self.config.group_size,
+            std_normalize=self.trainer.loss_config.std_normalize,
+            dynamic_sampling=self.trainer.loss_config.dynamic_sampling,
+        )
+        metrics = self.trainer.rl_step(batch)
+        metrics.update(stats)
+        metrics["learner_step_s"] = time.perf_counter() - started
+        return metrics
+
+    def _live_counts(self) -> dict[str, float]:
+        counts = self.service.accounting()
+        actors = self.service.actors_status()
+        keys = ("groups_consumed", "groups_stale", "groups_duplicate", "groups_invalid",
+                "completions_unscorable", "prompts_too_long", "groups_in_queue")
+        live = {k: float(counts.get(k, 0)) for k in keys}
+        live["weight_version"] = float(self.version)
+        live["actors"] = float(len(actors))
+        live["actor_tokens_per_s"] = float(sum(a.tokens_per_second for a in actors))
+        if actors:
+            live["version_lag_max"] = float(max(self.version - a.weight_version for a in actors))
+        return live
