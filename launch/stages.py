@@ -3,9 +3,11 @@
     python launch/pretrain.py CONFIG [key=value ...]   learner alone, all tokens of `text` rows
     python launch/sft.py      CONFIG [key=value ...]   learner alone, completion-only loss on `messages`
     python launch/rl.py       CONFIG [key=value ...]   learner + rollout actors + reward pool (GRPO/GSPO)
+    python launch/eval.py     CONFIG [key=value ...]   held-out pass@1 / pass@k of model.path
 
 Each writes under `run_dir`: checkpoints/ (orbax; a rerun resumes), tb/ (TensorBoard + metrics.jsonl),
-hf_final/ (an HF model dir vLLM and transformers load) and summary.json (final numbers).
+hf_final/ (an HF model dir vLLM and transformers load; rl also hf_best/, the best held-out greedy
+pass@1 seen at an eval) and summary.json (final numbers).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def parse_config(mode: Mode, argv: list[str] | None) -> TandemConfig:
             "pretrain": "train the learner alone on all tokens of a text dataset (rows with `text`).",
             "sft": "train the learner alone on assistant tokens of chat data (rows with `messages`).",
             "rl": "GRPO/GSPO with vLLM rollout actors and a reward pool on Ray (rows with `prompt`, `answer`).",
+            "eval": "score model.path (default run_dir/hf_final) on data.eval: greedy pass@1, pass rate, pass@k.",
         }[mode],
         epilog="Overrides use dotted keys, e.g. train.steps=20 algo.algorithm=gspo rollout.num_actors=2. "
                "Every key is documented in launch/config.py; launch/configs/ has examples.",
@@ -79,10 +82,12 @@ def prepare(config: TandemConfig, mode: Mode) -> Run:
                  "heldout": data_dir / "heldout.jsonl"}
         if not all(f.exists() for f in files.values()):
             files = make_arithmetic_data(data_dir, seed=config.seed)
-        train = train or str(files[mode])
+        train = train or (str(files[mode]) if mode in files else None)
         evaluation = evaluation or str(files["heldout"])
-    if train is None:
+    if train is None and mode != "eval":
         raise ConfigError(f"'data.train' is required for {mode} (or data.task=arithmetic)")
+    if evaluation is None and mode == "eval":
+        raise ConfigError("'data.eval' is required for eval (or data.task=arithmetic)")
     if config.model.path:
         model_dir = Path(config.model.path)
         if not (model_dir / "config.json").exists():
@@ -254,6 +259,8 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
             evals[step] = evaluator.evaluate(tensors=trainer.hf_tensors())
             metrics.update({f"eval/{k}": v for k, v in evals[step].items()})
             tqdm.write(f"[rl] eval at step {step}: {evals[step]}")
+            if evals[step]["pass@1_greedy"] >= max(e["pass@1_greedy"] for e in evals.values()):
+                trainer.export_hf(run.run_dir / "hf_best", tokenizer_dir=run.model_dir)
         writer.write(step, metrics)
         progress(step, metrics)
 
@@ -284,6 +291,22 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
     return summary
 
 
+def run_eval_mode(run: Run) -> dict[str, Any]:
+    """Score model.path (default: run_dir/hf_final) on the held-out split: pass@1 greedy, pass@k."""
+    from transformers import AutoTokenizer
+
+    hf_dir = Path(run.config.model.path) if run.config.model.path else run.run_dir / "hf_final"
+    if not (hf_dir / "config.json").exists():
+        raise ConfigError(f"no HF model dir to evaluate at {hf_dir}; set model.path")
+    evaluator = make_evaluator(run, AutoTokenizer.from_pretrained(hf_dir), hf_dir)
+    try:
+        summary = {"mode": "eval", "model": str(hf_dir), "eval_data": run.eval_data, "eval": evaluator.evaluate()}
+    finally:
+        evaluator.close()
+    (run.run_dir / "eval.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
 def setup_process() -> None:
     """Logging, and the environment a vLLM engine in this process (evaluation) needs."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -300,7 +323,8 @@ def main_for(mode: Mode, argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"error: {error}")
         return 2
-    summary = run_rl_mode(run) if mode == "rl" else run_supervised_mode(run, mode)
-    print(json.dumps({k: summary[k] for k in ("mode", "steps", "hf_final", "eval", "accounting") if k in summary},
-                     indent=2))
+    runner = {"rl": run_rl_mode, "eval": run_eval_mode}.get(mode)
+    summary = runner(run) if runner else run_supervised_mode(run, mode)
+    shown = ("mode", "steps", "model", "hf_final", "eval", "accounting")
+    print(json.dumps({k: summary[k] for k in shown if k in summary}, indent=2))
     return 0

@@ -67,6 +67,7 @@ def test_assembly_layout_advantages_and_statistics():
     assert stats["zero_signal_group_frac"] == 0.5
     assert stats["unscorable_completions"] == 1
     assert stats["reward_mean"] == pytest.approx(np.mean([1, 0, 0, 1, 1, 1, 1]))
+    assert stats["pass_rate"] == pytest.approx(5 / 7)
     assert stats["staleness_mean"] == 2.0 and stats["staleness_max"] == 3.0
     assert stats["loss_tokens"] == 3 + 2 + 1
 
