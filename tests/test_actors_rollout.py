@@ -3,6 +3,7 @@ gRPC, scored by a real reward pool; behaviour logprobs checked against transform
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from actors_helpers import (
     write_weights_dir,
 )
 
+import learner.service as service_module
 from actors.config import ActorConfig
 from actors.fleet import ActorFleet
 from learner.prompt_source import PromptSource
@@ -62,7 +64,7 @@ class Rig:
     def stats(self) -> dict:
         return ray.get(self.actor.stats.remote())
 
-    def consume(self, n: int, version: int | None = None, timeout: float = 90.0) -> list[GroupRecord]:
+    def consume(self, n: int, version: int | None = None, timeout: float = 300.0) -> list[GroupRecord]:
         """Act as the trainer: take groups off the queue, mark them consumed, keep those of ``version``."""
         kept: list[GroupRecord] = []
         deadline = time.monotonic() + timeout
@@ -158,20 +160,25 @@ def _wrong_shape(tensors):
 
 
 @pytest.mark.parametrize("corruption", ["nan", "wrong_shape", "flipped_byte"])
-def test_corrupted_publish_is_rejected_and_the_old_version_keeps_serving(rig, corruption):
+def test_corrupted_publish_is_rejected_and_the_old_version_keeps_serving(rig, corruption, monkeypatch):
     prompts = [row["prompt_ids"] for row in dataset()[:3]]
     serving = rig.stats()["version"]
     before = ray.get(rig.actor.greedy.remote(prompts, 8))
     rejections = rig.stats()["weight_rejections"]
     good = load_tensors(rig.dirs["sharp_a"])
     if corruption == "flipped_byte":
-        # A transfer corruption: the published blob changes after its checksum was taken. The
-        # service's lock is held so that no actor can see the new version before the flip.
-        with rig.service._cond:
-            version = rig.publish("sharp_a", good)
-            blob = rig.service._weights.acquire(version)
-            blob.blob[len(blob.blob) // 2] ^= 0xFF
-            rig.service._weights.release(blob)
+        # A corruption after the checksum was taken: one payload byte of the first chunk flips.
+        pack = service_module.pack_weights
+
+        def pack_and_corrupt(*args, **kwargs):
+            blob = pack(*args, **kwargs)
+            chunk = bytearray(blob.messages[1])
+            chunk[len(chunk) // 2] ^= 0xFF
+            return dataclasses.replace(blob, messages=(blob.messages[0], bytes(chunk), *blob.messages[2:]))
+
+        monkeypatch.setattr(service_module, "pack_weights", pack_and_corrupt)
+        version = rig.publish("sharp_a", good)
+        monkeypatch.undo()
         expected_detail = "sha256"
     else:
         version = rig.publish("", {"nan": _nan, "wrong_shape": _wrong_shape}[corruption](good))

@@ -13,6 +13,9 @@ from rewards.code_execution import extract_code, same_output
 from rewards.sandbox import SANDBOX_UID, SandboxLimits, run_python
 
 LIMITS = {"timeout_s": 2.0, "cpu_s": 1, "memory_mb": 512, "max_processes": 16}
+# The code under test would run for 60 s if unstopped; "stopped" means well before that. The slack
+# absorbs a loaded CI machine (process start-up and teardown), it is not a performance bound.
+SLACK_S = 10.0
 ADD_TESTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
 
 
@@ -57,16 +60,16 @@ def test_stdin_stdout_cases_score_the_fraction_passed():
 def test_infinite_loop_is_stopped_by_the_cpu_limit():
     result = run_python("while True:\n    pass", limits=SandboxLimits(**LIMITS | {"timeout_s": 30.0}))
     # killed at 1 s of CPU time, long before the wall clock (unshare reports the kill as exit code 1)
-    assert result.returncode != 0 and not result.timed_out and result.wall_s < 10.0
+    assert result.returncode != 0 and not result.timed_out and result.wall_s < 1 + SLACK_S
     assert_machine_fine()
 
 
 def test_sleeping_code_is_stopped_by_the_wall_clock():
     start = time.monotonic()
     assert score("import time\ntime.sleep(60)", ADD_TESTS) == 0.0
-    assert time.monotonic() - start < LIMITS["timeout_s"] + 0.5
+    assert time.monotonic() - start < LIMITS["timeout_s"] + SLACK_S
     result = run_python("import time\ntime.sleep(60)", limits=SandboxLimits(**LIMITS | {"timeout_s": 0.5}))
-    assert result.timed_out and result.wall_s < 1.0
+    assert result.timed_out and result.wall_s < 0.5 + SLACK_S
     assert_machine_fine()
 
 
@@ -83,7 +86,7 @@ def test_sleeping_code_is_stopped_by_the_wall_clock():
 def test_fork_bomb_is_stopped_by_the_process_limit(bomb):
     start = time.monotonic()
     assert score(bomb, ADD_TESTS) == 0.0
-    assert time.monotonic() - start < LIMITS["timeout_s"] + 1.0
+    assert time.monotonic() - start < LIMITS["timeout_s"] + SLACK_S
     assert_machine_fine()
 
 
