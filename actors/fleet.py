@@ -69,21 +69,51 @@ class ActorFleet:
         With ``actor_ids`` (e.g. those the learner reports as silent) those actors are killed and
         replaced; without, the fleet asks Ray which actors died.
         """
-        with self._lock:
-            dead = [a for a in (actor_ids if actor_ids is not None else self._dead()) if a in self._handles]
-            for actor_id in dead:
-                log.warning("replacing dead rollout actor %s", actor_id)
-                self._remove(actor_id, graceful=False)
-            return [self._spawn() for _ in dead]
+        return list(self.replace(actor_ids if actor_ids is not None else self.dead()).values())
 
-    def stats(self, timeout_s: float = 10.0) -> dict[str, dict]:
-        """Each live actor's ``stats()``; an actor that does not answer in time maps to {"error": ...}."""
-        refs = {actor_id: h.stats.remote() for actor_id, h in self.actors().items()}
+    def replace(self, actor_ids: list[str]) -> dict[str, str]:
+        """Kill the given actors (those still in the fleet) and start a fresh one for each;
+        returns {old id: new id}."""
+        with self._lock:
+            replaced = {}
+            for actor_id in [a for a in actor_ids if a in self._handles]:
+                log.warning("replacing rollout actor %s", actor_id)
+                self._remove(actor_id, graceful=False)
+                replaced[actor_id] = self._spawn()
+            return replaced
+
+    def dead(self) -> list[str]:
+        """Actors whose process died or whose ``run()`` raised (Ray's view)."""
+        with self._lock:
+            runs = dict(self._runs)
+        if not runs:
+            return []
+        finished, _ = ray.wait(list(runs.values()), num_returns=len(runs), timeout=0)
+        finished_set = set(finished)
+        dead = []
+        for actor_id, ref in runs.items():
+            if ref not in finished_set:
+                continue
+            try:
+                ray.get(ref)
+            except (RayActorError, RayTaskError) as error:  # the process died, or run() failed
+                log.warning("rollout actor %s is dead: %s", actor_id, str(error)[-2000:])
+                dead.append(actor_id)
+        return dead
+
+    def stats(self, timeout_s: float = 10.0, actor_ids: list[str] | None = None) -> dict[str, dict]:
+        """Each live actor's (or each of ``actor_ids``') ``stats()``; an actor that does not answer in
+        time maps to {"error": ...} (plus "dead": True when its process is gone). An actor still starting
+        its engine answers only once started."""
+        refs = {actor_id: h.stats.remote() for actor_id, h in self.actors().items()
+                if actor_ids is None or actor_id in actor_ids}
         out: dict[str, dict] = {}
         for actor_id, ref in refs.items():
             try:
                 out[actor_id] = ray.get(ref, timeout=timeout_s)
-            except (RayActorError, GetTimeoutError) as error:
+            except RayActorError as error:
+                out[actor_id] = {"error": repr(error), "dead": True}
+            except GetTimeoutError as error:
                 out[actor_id] = {"error": repr(error)}
         return out
 
@@ -119,21 +149,6 @@ class ActorFleet:
             except (RayActorError, GetTimeoutError) as error:
                 log.warning("rollout actor %s did not stop cleanly: %s", actor_id, error)
         ray.kill(handle, no_restart=True)
-
-    def _dead(self) -> list[str]:
-        if not self._runs:
-            return []
-        finished, _ = ray.wait(list(self._runs.values()), num_returns=len(self._runs), timeout=0)
-        finished_set = set(finished)
-        dead = []
-        for actor_id, ref in self._runs.items():
-            if ref not in finished_set:
-                continue
-            try:
-                ray.get(ref)
-            except (RayActorError, RayTaskError):  # the process died, or run() failed (engine broken)
-                dead.append(actor_id)
-        return dead
 
 
 # ---------------------------------------------------------------------- runtime control

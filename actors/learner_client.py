@@ -220,6 +220,11 @@ class LearnerClient:
         with self._cond:
             return len(self._unacked)
 
+    def is_unacked(self, group_id: str) -> bool:
+        """Whether a group with this id was submitted and has no final ack yet."""
+        with self._cond:
+            return group_id in self._unacked
+
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every sent group got a final ack (CONSUMED/DUPLICATE/STALE/INVALID)."""
         with self._cond:

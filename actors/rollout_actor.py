@@ -10,16 +10,27 @@ fails its transfer or validation is reported and the actor keeps serving the one
 heartbeat thread reports liveness, version and throughput until ``stop()``, also after ``run()``
 returned (an idle actor is alive, not dead).
 
+Synchronous mode (``ActorConfig.sync``, with the learner's ``max_staleness=0``): after sending a
+batch sampled with version v the actor leases nothing until the learner has published a newer
+version and the engine serves it, so sampling and training alternate instead of overlapping (the
+baseline the asynchronous mode is measured against). It samples with v again only if the learner
+rejected that whole batch (nothing left to wait for). Each actor then contributes one batch per
+version, so set ``prompts_per_step = num_actors × prompts_per_batch``.
+
+Idle time is counted (``stats()``): blocked on credits, waiting for prompts, waiting for a version.
+
 Create it as a Ray actor through ``actors.fleet`` (resources ``{"rollout": 1}``, several concurrent
 calls so that ``stats()`` and ``stop()`` answer while ``run()`` loops).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +45,7 @@ from actors.scoring import RewardScorer
 log = logging.getLogger(__name__)
 
 WEIGHT_POLL_S = 0.1  # how often the weights thread looks at the latest version (a local read)
+SYNC_POLL_S = 0.02  # sync mode: how often a waiting actor asks the learner for its latest version
 
 
 @dataclass
@@ -51,6 +63,9 @@ class ActorCounters:
     prompts_filtered: int = 0
     weight_updates: list[WeightUpdate] = field(default_factory=list)
     weight_rejections: int = 0
+    credit_wait_seconds: float = 0.0   # blocked in send_group: the learner's queue is full
+    prompt_wait_seconds: float = 0.0   # no prompt to lease
+    version_wait_seconds: float = 0.0  # sync mode: waiting for the next version (and its fetch, not its load)
 
 
 class RolloutActor:
@@ -71,6 +86,9 @@ class RolloutActor:
                                      stop_token_ids=list(config.stop_token_ids))
         self.counters = ActorCounters()
         self._engine_lock = threading.Lock()  # one generate or one weight load at a time
+        self._update_lock = threading.Lock()  # one fetch-and-apply at a time (weights thread or sync wait)
+        self._last_batch: tuple[int, int] | None = None  # sync mode: (version sampled with, consumed count)
+        self._idle_since: dict[str, float] = {}  # idle counter -> perf_counter() when its running wait began
         self._stop = threading.Event()
         self._idle = threading.Event()  # set while run() is not looping
         self._idle.set()
@@ -78,6 +96,7 @@ class RolloutActor:
         self._retry_after: dict[int, float] = {}  # failed version -> monotonic time it may be retried
         self._heartbeat_s = 1.0
         self._blocked_on_credits = False
+        self._generating_since: float | None = None  # monotonic start of the running generate, if any
         self._threads: list[threading.Thread] = []  # weights + heartbeat, alive until stop()
 
     # ------------------------------------------------------------------ public
@@ -110,6 +129,10 @@ class RolloutActor:
                 for thread in self._threads:
                     thread.start()
             while not self._stop.is_set():
+                if self.config.sync:
+                    self._await_next_version()
+                    if self._stop.is_set():
+                        break
                 try:
                     leases, exhausted = self.client.lease_prompts(self.config.prompts_per_batch)
                 except LearnerUnavailable as error:  # learner restarting: keep trying until stopped
@@ -118,7 +141,8 @@ class RolloutActor:
                 if not leases:
                     if exhausted:
                         break
-                    self._stop.wait(self.config.idle_poll_s)
+                    with self._idle_time("prompt_wait_seconds"):
+                        self._stop.wait(self.config.idle_poll_s)
                     continue
                 self._sample_and_send(leases)
         finally:
@@ -140,7 +164,12 @@ class RolloutActor:
             "stall_seconds": [u.stall_s for u in c.weight_updates],
             "transfer_seconds": [u.transfer_s for u in c.weight_updates],
             "weight_rejections": c.weight_rejections,
+            "generate_seconds": c.generate_seconds,
+            **{name: self._idle_seconds(name)
+               for name in ("credit_wait_seconds", "prompt_wait_seconds", "version_wait_seconds")},
             "unacked": self.client.unacked_count(),
+            # how long the running generate has been busy: a supervisor replaces an engine stuck here
+            "engine_busy_s": time.monotonic() - started if (started := self._generating_since) else 0.0,
             "rss_bytes": psutil.Process().memory_info().rss,
         }
 
@@ -167,6 +196,9 @@ class RolloutActor:
     # ------------------------------------------------------------------ sampling loop
 
     def _sample_and_send(self, leases: list[PromptLease]) -> None:
+        # A lease that expired while we sampled it may come back to us while our group for it is still
+        # on its way (or queued): the learner has that copy, so sampling the prompt again is waste.
+        leases = [lease for lease in leases if not self.client.is_unacked(lease.group_id)]
         fits = [lease for lease in leases if len(lease.prompt_ids) <= self.max_prompt_tokens]
         for lease in leases:
             if len(lease.prompt_ids) > self.max_prompt_tokens:
@@ -177,10 +209,15 @@ class RolloutActor:
         if not fits:
             return
         sampled_at = time.time()
+        consumed_before = self.client.counts().get("consumed", 0)
         with self._engine_lock:
             version = self.version  # the weights these samples come from
             start = time.perf_counter()
-            groups = self.engine.generate([lease.prompt_ids for lease in fits], self.sampling)
+            self._generating_since = time.monotonic()
+            try:
+                groups = self.engine.generate([lease.prompt_ids for lease in fits], self.sampling)
+            finally:
+                self._generating_since = None
             sample_s = time.perf_counter() - start
         self.counters.generate_seconds += sample_s
         self.counters.tokens_generated += sum(len(s.token_ids) for g in groups for s in g)
@@ -197,6 +234,7 @@ class RolloutActor:
                 sample_seconds=sample_s / len(fits), score_seconds=score_s / len(fits),
                 sampled_at=sampled_at))
             self.counters.groups_sent += 1
+        self._last_batch = (version, consumed_before)
 
     def _send(self, group) -> None:
         """Hand a group to the client; blocks while the learner has no credits for us (backpressure)."""
@@ -204,19 +242,67 @@ class RolloutActor:
             return  # stopping: the lease expires and the prompt is sampled again elsewhere
         self._blocked_on_credits = True
         try:
-            self.client.send_group(group)
+            with self._idle_time("credit_wait_seconds"):
+                self.client.send_group(group)
         except RuntimeError:
             if not self._stop.is_set():  # only stop() may close the client under us
                 raise
         finally:
             self._blocked_on_credits = False
 
+    @contextlib.contextmanager
+    def _idle_time(self, counter: str) -> Iterator[None]:
+        """Add the block's wall time to the idle counter ``counter``; stats() includes a running wait."""
+        self._idle_since[counter] = time.perf_counter()
+        try:
+            yield
+        finally:
+            started = self._idle_since.pop(counter)
+            setattr(self.counters, counter, getattr(self.counters, counter) + time.perf_counter() - started)
+
+    def _idle_seconds(self, counter: str) -> float:
+        started = self._idle_since.get(counter)
+        running = time.perf_counter() - started if started is not None else 0.0
+        return getattr(self.counters, counter) + running
+
+    def _await_next_version(self) -> None:
+        """Sync mode: after a batch sampled with version v, wait until the engine serves a newer one.
+
+        Stops waiting early when every group of that batch got its final ack and none was consumed
+        (all rejected): the learner still needs samples of v.
+        """
+        if self._last_batch is None:
+            return
+        version, consumed_before = self._last_batch
+        updates_before = len(self.counters.weight_updates)
+        with self._idle_time("version_wait_seconds"):
+            while not self._stop.is_set() and self.version <= version:
+                try:
+                    latest = self.client.heartbeat(self.version, self.client.unacked_count())
+                except Exception as error:  # the learner may be restarting; keep asking
+                    log.warning("%s: version poll failed: %s", self.actor_id, error)
+                    latest = version
+                if latest > version:
+                    with self._update_lock:
+                        self._maybe_update_weights(latest)
+                    if self.version > version:
+                        break
+                elif (not self.client.unacked_count()
+                      and self.client.counts().get("consumed", 0) == consumed_before):
+                    break
+                self._stop.wait(SYNC_POLL_S)
+        self._last_batch = None
+        # the weight loads during the wait are counted as stall_s already: keep the counters disjoint
+        loads = self.counters.weight_updates[updates_before:]
+        self.counters.version_wait_seconds -= sum(u.stall_s for u in loads)
+
     # ------------------------------------------------------------------ weights
 
     def _weights_loop(self) -> None:
         while not self._stop.wait(WEIGHT_POLL_S):
             try:
-                self._maybe_update_weights(self.client.latest_version)
+                with self._update_lock:
+                    self._maybe_update_weights(self.client.latest_version)
             except Exception as error:
                 if self._stop.is_set():
                     return  # the client was closed mid-transfer
@@ -227,8 +313,12 @@ class RolloutActor:
                 return
 
     def _maybe_update_weights(self, latest: int) -> None:
-        """Fetch, verify and apply the learner's newest version if it is newer than ours."""
-        if latest <= self.version or time.monotonic() < self._retry_after.get(latest, 0.0):
+        """Fetch, verify and apply the learner's newest version whenever it differs from ours.
+
+        Usually it is newer; it is older after the learner restarted from a checkpoint taken before
+        the version we serve, and then we must go back to it (a group sampled with a version the
+        learner never published would be refused as from the future)."""
+        if latest == self.version or time.monotonic() < self._retry_after.get(latest, 0.0):
             return
         start = time.perf_counter()
         try:
@@ -238,7 +328,7 @@ class RolloutActor:
                          retry_after_s=self.config.weight_retry_s)
             return
         transfer_s = time.perf_counter() - start
-        if staged.version <= self.version:
+        if staged.version == self.version:
             return
         with self._engine_lock:
             try:
@@ -249,8 +339,7 @@ class RolloutActor:
                 return
             self.version = staged.version
         self.counters.weight_updates.append(WeightUpdate(staged.version, transfer_s, stall_s))
-        self.client.report_weights(staged.version, applied=True, detail="", stall_s=stall_s,
-                                   transfer_s=transfer_s)
+        self._report_weights(staged.version, applied=True, detail="", stall_s=stall_s, transfer_s=transfer_s)
         log.info("%s: applied weight version %d (transfer %.3fs, stall %.3fs)", self.actor_id, staged.version,
                  transfer_s, stall_s)
 
@@ -259,7 +348,15 @@ class RolloutActor:
                     self.version, detail)
         self.counters.weight_rejections += 1
         self._retry_after[version] = time.monotonic() + retry_after_s
-        self.client.report_weights(version, applied=False, detail=detail, stall_s=0.0, transfer_s=transfer_s)
+        self._report_weights(version, applied=False, detail=detail, stall_s=0.0, transfer_s=transfer_s)
+
+    def _report_weights(self, version: int, **report) -> None:
+        """Tell the learner what we serve; a learner that is down (restarting) learns it from the
+        next heartbeat instead, so this must not stop the weights thread."""
+        try:
+            self.client.report_weights(version, **report)
+        except LearnerUnavailable as error:
+            log.warning("%s: could not report weight version %d: %s", self.actor_id, version, error)
 
     # ------------------------------------------------------------------ liveness
 

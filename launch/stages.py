@@ -211,6 +211,34 @@ def advertised_host(bind_host: str) -> str:
     return ray.util.get_node_ip_address() if ray.is_initialized() else socket.gethostbyname(socket.gethostname())
 
 
+def build_rl_learner(run: Run, tokenizer, **service_overrides: Any):
+    """The learner side of an RL run, not yet started: trainer, prompt source, gRPC service and RL loop.
+
+    ``service_overrides`` are ServiceConfig fields the run config does not set (e.g. the fault tests'
+    short ``heartbeat_interval_s`` / ``actor_timeout_s``)."""
+    from learner.checkpoint import Checkpointer
+    from learner.prompt_source import PromptSource
+    from learner.rl_loop import RLLoop, RLLoopConfig
+    from learner.service import LearnerService, ServiceConfig
+
+    config, rollout = run.config, run.config.rollout
+    trainer = build_trainer(run, temperature=rollout.temperature)
+    prompts = PromptSource(chat_prompt_rows(run.train_data, tokenizer, split=config.data.split),
+                           epochs=None, seed=config.seed)
+    service = LearnerService(prompts, ServiceConfig(**{
+        "queue_capacity": rollout.queue_capacity, "max_staleness": rollout.max_staleness,
+        "group_size": rollout.group_size, "lease_seconds": rollout.lease_seconds,
+        "max_prompt_tokens": rollout.max_prompt_tokens, "auth_token": config.server.auth_token,
+        "vocab_size": int(trainer.loaded.hf_config["vocab_size"]), "tls_cert_path": config.server.tls_cert_path,
+        "tls_key_path": config.server.tls_key_path, "mode": "rl", **service_overrides}))
+    checkpointer = Checkpointer(run.run_dir / "checkpoints", max_to_keep=config.train.keep_checkpoints,
+                                save_every=config.train.checkpoint_every)
+    return RLLoop(trainer, service, checkpointer, None, RLLoopConfig(
+        steps=config.train.steps, prompts_per_step=config.train.prompts_per_step,
+        group_size=rollout.group_size, max_sequence_len=rollout.max_prompt_tokens + rollout.max_tokens,
+        publish_every=rollout.publish_every), pad_id=tokenizer.pad_token_id)
+
+
 def run_rl_mode(run: Run) -> dict[str, Any]:
     """The full loop: learner service + RL loop here, rollout actors and reward workers on Ray."""
     import ray
@@ -218,37 +246,23 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
 
     from actors.fleet import start_named_fleet
     from launch import ray_cluster
-    from learner.checkpoint import Checkpointer
+    from launch.supervisor import FleetSupervisor
+    from learner.accounting import balance_violations
     from learner.metrics import MetricsWriter
-    from learner.prompt_source import PromptSource
-    from learner.rl_loop import RLLoop, RLLoopConfig
-    from learner.service import LearnerService, ServiceConfig
     from rewards.pool import RewardPool
 
     config, rollout = run.config, run.config.rollout
     tokenizer = AutoTokenizer.from_pretrained(run.model_dir)
     started_ray = ray_cluster.connect(config.ray_address)
-    trainer = build_trainer(run, temperature=rollout.temperature)
-    prompts = PromptSource(chat_prompt_rows(run.train_data, tokenizer, split=config.data.split),
-                           epochs=None, seed=config.seed)
-    service = LearnerService(prompts, ServiceConfig(
-        queue_capacity=rollout.queue_capacity, max_staleness=rollout.max_staleness,
-        group_size=rollout.group_size, lease_seconds=rollout.lease_seconds,
-        max_prompt_tokens=rollout.max_prompt_tokens, auth_token=config.server.auth_token,
-        vocab_size=int(trainer.loaded.hf_config["vocab_size"]), tls_cert_path=config.server.tls_cert_path,
-        tls_key_path=config.server.tls_key_path, mode="rl"))
-    checkpointer = Checkpointer(run.run_dir / "checkpoints", max_to_keep=config.train.keep_checkpoints,
-                                save_every=config.train.checkpoint_every)
-    loop = RLLoop(trainer, service, checkpointer, None, RLLoopConfig(
-        steps=config.train.steps, prompts_per_step=config.train.prompts_per_step,
-        group_size=rollout.group_size, max_sequence_len=rollout.max_prompt_tokens + rollout.max_tokens,
-        publish_every=rollout.publish_every), pad_id=tokenizer.pad_token_id)
+    loop = build_rl_learner(run, tokenizer)
+    trainer, service, checkpointer = loop.trainer, loop.service, loop.checkpointer
     bound = loop.start(f"{config.server.host}:{config.server.port}")
     address = f"{advertised_host(config.server.host)}:{bound.rsplit(':', 1)[1]}"
     log.info("learner serving on %s (version %d, step %d)", address, loop.version, loop.step)
     pool = RewardPool(config.rewards.spec(), config.rewards.num_workers)
     fleet = start_named_fleet(rollout.actor_config(str(run.model_dir), config.server.auth_token), address,
                               pool.handles(), initial_actors=rollout.num_actors)
+    supervisor = FleetSupervisor(service, fleet).start()
     evaluator = make_evaluator(run, tokenizer, run.model_dir) if config.train.eval_every else None
     progress = Progress("rl", config.train.steps, initial=loop.step)
     writer = MetricsWriter(run.run_dir / "tb")
@@ -268,6 +282,7 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
         accounting = loop.run(on_step=on_step)
         actor_stats = ray.get(fleet.stats.remote())
     finally:
+        supervision = supervisor.stop()
         progress.close()
         writer.close()
         ray.get(fleet.shutdown.remote())
@@ -279,8 +294,11 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
             evaluator.close()
     hf_dir = trainer.export_hf(run.run_dir / "hf_final", tokenizer_dir=run.model_dir)
     summary: dict[str, Any] = {"mode": "rl", "steps": loop.step, "weight_version": loop.version,
-                               "hf_final": str(hf_dir), "accounting": accounting, "evals": evals,
-                               "reward_stats": reward_stats, "actors": actor_stats}
+                               "hf_final": str(hf_dir), "accounting": accounting,
+                               "accounting_violations": balance_violations(accounting), "evals": evals,
+                               "reward_stats": reward_stats, "actors": actor_stats, "supervisor": supervision}
+    for violation in summary["accounting_violations"]:
+        log.error("accounting does not balance: %s", violation)
     final = make_evaluator(run, tokenizer, hf_dir)
     if final is not None:
         summary["eval"] = final.evaluate()

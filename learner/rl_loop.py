@@ -56,6 +56,7 @@ class RLLoop:
         self.buckets = pow2_buckets(config.max_sequence_len, min(config.min_bucket_len, config.max_sequence_len))
         self.step = 0
         self.version = 0
+        self.last_groups: list[GroupRecord] = []  # what the last step trained on (for on_step hooks)
 
     def start(self, address: str = "127.0.0.1:0") -> str:
         """Restore the newest checkpoint if any, start serving, publish the current weights."""
@@ -72,9 +73,13 @@ class RLLoop:
     def run(self, on_step: StepCallback | None = None) -> dict[str, Any]:
         """Train until `config.steps`; returns the final accounting."""
         while self.step < self.config.steps:
+            waited = time.perf_counter()
             groups = self._next_groups()
+            wait_s = time.perf_counter() - waited
             metrics = self._train_on(groups)
+            metrics["learner_wait_s"] = wait_s  # idle: waiting for scored groups in next_batch
             self.step += 1
+            self.last_groups = groups
             self.service.mark_consumed([g.group_id for g in groups])
             self.service.set_step(self.step)
             if self.step % self.config.publish_every == 0 or self.step == self.config.steps:

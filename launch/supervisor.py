@@ -1,0 +1,124 @@
+"""FleetSupervisor: during an RL run, find dead or hung rollout actors and replace them.
+
+An actor is replaced when
+  - Ray reports it dead (process killed, node lost, or its ``run()`` raised): ``fleet.dead()``;
+  - the learner has not heard from it for ``actor_timeout_s`` (``LearnerService.actors_status()``
+    marks it stale: process frozen, network cut);
+  - its engine has been inside one ``generate`` for longer than ``generate_timeout_s`` (the heartbeat
+    thread still beats, but the engine stopped answering), or it does not answer ``stats()``.
+
+A replacement is a new RolloutActor with a new id; it fetches the learner's current weights before
+it samples. The prompts the old actor had leased but not delivered come back when their leases
+expire (``lease_seconds``), so nothing is lost, and the learner's de-duplication by group id means
+nothing is consumed twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from learner.service import LearnerService
+
+log = logging.getLogger(__name__)
+
+# One generate call of a big batch of long completions can take minutes on slow hardware; only a call
+# stuck for longer than this counts as a hung engine (tests pass a short value).
+DEFAULT_GENERATE_TIMEOUT_S = 600.0
+
+
+@dataclass
+class Replacement:
+    """One replaced actor: why, and the id of the actor that took its place."""
+
+    actor_id: str
+    reason: str  # "dead" | "silent" | "hung"
+    replacement_id: str
+    at: float  # time.time() of the replacement
+
+
+@dataclass
+class SupervisorReport:
+    replacements: list[Replacement] = field(default_factory=list)
+    checks: int = 0
+
+    def as_dict(self) -> dict:
+        return {"checks": self.checks, "replaced": len(self.replacements),
+                "replacements": [vars(r) for r in self.replacements]}
+
+
+class FleetSupervisor:
+    """A daemon thread that checks the fleet every ``interval_s`` (``start()`` / ``stop()``)."""
+
+    def __init__(self, service: LearnerService, fleet: ray.actor.ActorHandle, *,
+                 generate_timeout_s: float = DEFAULT_GENERATE_TIMEOUT_S, interval_s: float = 1.0,
+                 call_timeout_s: float = 10.0):
+        """Silence is judged by the service (its ``actor_timeout_s``); ``generate_timeout_s`` is the
+        longest plausible single generate call."""
+        self.service, self.fleet = service, fleet
+        self.generate_timeout_s, self.interval_s, self.call_timeout_s = generate_timeout_s, interval_s, call_timeout_s
+        self.report = SupervisorReport()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tandem-fleet-supervisor", daemon=True)
+
+    def start(self) -> FleetSupervisor:
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict:
+        """Stop checking; returns the report (replacements made, checks run)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.call_timeout_s * 3)
+        return self.report.as_dict()
+
+    def check(self) -> list[Replacement]:
+        """One round: replace the dead, the silent and the hung; returns what was replaced."""
+        done = self._replace(None, "dead")
+        live = set(self._call(self.fleet.actors.remote()))
+        registered = {a.actor_id: a for a in self.service.actors_status() if a.actor_id in live}
+        done += self._replace(sorted(a for a, view in registered.items() if view.stale), "silent")
+        # only registered actors: one still starting its engine cannot answer yet
+        answering = sorted(a for a, view in registered.items() if not view.stale)
+        stats = self._call(self.fleet.stats.remote(self.call_timeout_s, answering)) if answering else {}
+        dead = sorted(actor_id for actor_id, s in stats.items() if s.get("dead"))
+        done += self._replace(dead, "dead")
+        # an actor that did not answer may have gone silent meanwhile (frozen process): say so
+        stale_now = {a.actor_id for a in self.service.actors_status() if a.stale}
+        unanswered = {actor_id for actor_id, s in stats.items() if "error" in s} - set(dead)
+        done += self._replace(sorted(unanswered & stale_now), "silent")
+        hung = sorted(actor_id for actor_id, s in stats.items() if actor_id not in stale_now | set(dead)
+                      and ("error" in s or s.get("engine_busy_s", 0.0) > self.generate_timeout_s))
+        for actor_id in hung:
+            log.warning("rollout actor %s looks hung: %s", actor_id, stats[actor_id].get(
+                "error", f"one generate busy for {stats[actor_id].get('engine_busy_s', 0.0):.1f} s"))
+        done += self._replace(hung, "hung")
+        self.report.checks += 1
+        return done
+
+    def _replace(self, actor_ids: list[str] | None, reason: str) -> list[Replacement]:
+        """Replace ``actor_ids`` (None: those Ray reports dead)."""
+        targets = actor_ids if actor_ids is not None else self._call(self.fleet.dead.remote())
+        if not targets:
+            return []
+        replaced = self._call(self.fleet.replace.remote(targets))
+        done = [Replacement(old, reason, new, time.time()) for old, new in replaced.items()]
+        for r in done:
+            log.warning("rollout actor %s was %s: replaced by %s", r.actor_id, reason, r.replacement_id)
+        self.report.replacements += done
+        return done
+
+    def _call(self, ref: ray.ObjectRef):
+        return ray.get(ref, timeout=self.call_timeout_s * 3)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.check()
+            except (RayActorError, GetTimeoutError) as error:  # the fleet itself is busy or gone
+                log.warning("fleet check failed: %r", error)

@@ -1,0 +1,230 @@
+"""Shared by the fault-injection tests: a tiny RL run (real learner, vLLM actors, reward pool), the
+faults (SIGKILL / SIGSTOP an actor, hang its engine, corrupt a weight push) and the run checks.
+
+Run as a script it is the learner-kill tests' driver: a learner process (trainer + gRPC service +
+RL loop, no Ray) on a fixed port that logs every step and writes a summary; SIGKILL it and start it
+again with the same arguments, and it resumes from its last checkpoint.
+
+    python tests/reliability_helpers.py RUN_DIR PORT STEPS CHECKPOINT_EVERY [HOLD_AT_STEP]
+
+With HOLD_AT_STEP the driver stops after that step, once every actor serves the step's weight version,
+writes RUN_DIR/held and waits to be killed (a deterministic point to kill the learner at).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PROMPTS_PER_STEP = 4
+GROUP_SIZE = 4
+LEASE_SECONDS = 3.0
+ACTOR_TIMEOUT_S = 3.0
+# Short liveness settings so a test sees a silent actor within seconds (production: 5 s / 30 s).
+# A tiny generate takes well under a second, but this 2-core machine is shared: allow for load.
+GENERATE_TIMEOUT_S = 30.0
+SERVICE_OVERRIDES = {"heartbeat_interval_s": 0.5, "actor_timeout_s": ACTOR_TIMEOUT_S}
+TINY_MODEL = ("model.tiny.num_layers=2", "model.tiny.hidden_size=64", "model.tiny.intermediate_size=128",
+              "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1", "model.tiny.head_dim=32")
+
+
+def write_rl_data(path: Path, n: int = 96, seed: int = 0) -> Path:
+    """`n` two-digit additions as rl rows {prompt, answer}."""
+    rng = random.Random(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for _ in range(n):
+            a, b = rng.randrange(10, 100), rng.randrange(10, 100)
+            f.write(json.dumps({"prompt": f"{a}+{b}", "answer": str(a + b)}) + "\n")
+    return path
+
+
+def tiny_run(run_dir: Path, *, steps: int, checkpoint_every: int = 1, port: int = 0):
+    """A prepared launch Run: tiny model, few steps, P=4 prompts × G=4 completions × 4 tokens."""
+    from launch.config import load_config
+    from launch.stages import prepare
+
+    data = run_dir / "rl.jsonl"
+    if not data.exists():
+        write_rl_data(data)
+    overrides = [f"run_dir={run_dir}", f"data.train={data}", "mesh.fsdp=1", *TINY_MODEL,
+                 f"train.steps={steps}", f"train.prompts_per_step={PROMPTS_PER_STEP}",
+                 f"train.checkpoint_every={checkpoint_every}", "train.keep_checkpoints=2", "train.eval_every=0",
+                 "optim.warmup_steps=0", f"rollout.group_size={GROUP_SIZE}", "rollout.max_tokens=4",
+                 "rollout.max_prompt_tokens=16", "rollout.max_model_len=32", "rollout.kv_cache_gib=0.125",
+                 "rollout.prompts_per_batch=4", "rollout.num_cpus=0", "rollout.queue_capacity=8",
+                 f"rollout.lease_seconds={LEASE_SECONDS}", "rollout.max_staleness=1", f"server.port={port}"]
+    return prepare(load_config(None, overrides), "rl")
+
+
+def build_learner(run):
+    """The run's RLLoop (trainer, service, checkpointer) with the short liveness settings."""
+    from transformers import AutoTokenizer
+
+    from launch.stages import build_rl_learner
+
+    return build_rl_learner(run, AutoTokenizer.from_pretrained(run.model_dir), **SERVICE_OVERRIDES)
+
+
+def start_fleet(run, address: str, num_actors: int):
+    """The reward pool and the named fleet of `num_actors` RolloutActors serving `address`."""
+    from actors.fleet import start_named_fleet
+    from rewards.pool import RewardPool
+
+    pool = RewardPool(run.config.rewards.spec(), num_workers=1)
+    fleet = start_named_fleet(run.config.rollout.actor_config(str(run.model_dir), None), address,
+                              pool.handles(), initial_actors=num_actors)
+    return pool, fleet
+
+
+def stop_fleet(pool, fleet) -> dict:
+    """Shut the fleet and pool down; returns the last actor stats."""
+    import ray
+
+    try:
+        stats = ray.get(fleet.stats.remote(5.0), timeout=60)
+        ray.get(fleet.shutdown.remote(), timeout=120)
+    finally:
+        ray.kill(fleet)
+        pool.shutdown()
+    return stats
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------- faults
+
+
+def actor_handle(fleet, actor_id: str):
+    import ray
+
+    return ray.get(fleet.actors.remote())[actor_id]
+
+
+def actor_pid(fleet, actor_id: str) -> int:
+    """The OS process of a rollout actor (run inside it through Ray's __ray_call__)."""
+    import ray
+
+    return ray.get(actor_handle(fleet, actor_id).__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
+
+
+def kill_actor(fleet, actor_id: str) -> None:
+    """SIGKILL the actor's process: Ray reports it dead."""
+    os.kill(actor_pid(fleet, actor_id), signal.SIGKILL)
+
+
+def freeze_actor(fleet, actor_id: str) -> None:
+    """SIGSTOP the actor's process: alive for Ray, silent for the learner (no heartbeats)."""
+    os.kill(actor_pid(fleet, actor_id), signal.SIGSTOP)
+
+
+def hang_engine(fleet, actor_id: str) -> None:
+    """Make the actor's next generate block forever: heartbeats go on, samples stop."""
+    import ray
+
+    def hang(actor) -> None:
+        forever = threading.Event()
+        actor.engine.generate = lambda *args, **kwargs: forever.wait()
+
+    ray.get(actor_handle(fleet, actor_id).__ray_call__.remote(hang), timeout=30)
+
+
+# ---------------------------------------------------------------------- what a run did
+
+
+class StepLog:
+    """An RLLoop on_step hook recording each step's groups (id, actor, version); optionally appended
+    to a jsonl file that survives the process being killed."""
+
+    def __init__(self, loop, path: Path | None = None, hooks: dict | None = None):
+        self.loop, self.path, self.hooks = loop, path, dict(hooks or {})
+        self.entries: list[dict] = []
+
+    def __call__(self, step: int, metrics: dict[str, float]) -> None:
+        entry = {"step": step, "version": self.loop.version, "time": time.time(),
+                 "groups": [[g.group_id, g.actor_id, g.policy_version] for g in self.loop.last_groups]}
+        self.entries.append(entry)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(entry) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        if step in self.hooks:
+            self.hooks.pop(step)()
+
+
+def read_steps(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def final_history(entries: list[dict]) -> dict[int, dict]:
+    """Each step as the surviving history has it: a step redone after a restart replaces the lost one."""
+    history: dict[int, dict] = {}
+    for entry in entries:
+        history[entry["step"]] = entry
+    return dict(sorted(history.items()))
+
+
+def check_run(accounting: dict, history: dict[int, dict], steps: int) -> list[str]:
+    """Every step trained on P groups, no group id twice in the history, the counters balance;
+    returns the consumed ids."""
+    from learner.accounting import balance_violations
+
+    assert balance_violations(accounting) == [], (balance_violations(accounting), accounting)
+    assert sorted(history) == list(range(1, steps + 1)), sorted(history)
+    ids = [g[0] for entry in history.values() for g in entry["groups"]]
+    assert len(ids) == steps * PROMPTS_PER_STEP
+    assert len(set(ids)) == len(ids), "a group was consumed twice"
+    assert accounting["groups_consumed"] == steps * PROMPTS_PER_STEP, accounting
+    return ids
+
+
+# ---------------------------------------------------------------------- the learner-kill driver
+
+
+def drive_learner(run_dir: Path, port: int, steps: int, checkpoint_every: int, hold_at: int = 0) -> None:
+    """Serve and train until `steps` (or hold after step `hold_at`); resumes from run_dir's checkpoints."""
+    from learner.accounting import balance_violations
+
+    loop = build_learner(tiny_run(run_dir, steps=steps, checkpoint_every=checkpoint_every, port=port))
+    loop.start(f"127.0.0.1:{port}")
+    starts = run_dir / "starts.jsonl"
+    with starts.open("a") as f:
+        f.write(json.dumps({"step": loop.step, "version": loop.version, "time": time.time()}) + "\n")
+    try:
+        def hold() -> None:
+            while not ((actors := loop.service.actors_status())
+                       and all(a.weight_version == loop.version for a in actors)):
+                time.sleep(0.05)
+            (run_dir / "held").write_text(json.dumps({"step": loop.step, "version": loop.version}))
+            time.sleep(3600)
+
+        accounting = loop.run(on_step=StepLog(loop, run_dir / "steps.jsonl", hooks={hold_at: hold} if hold_at else {}))
+    finally:
+        loop.service.stop()
+        loop.checkpointer.close()
+    summary = {"accounting": accounting, "violations": balance_violations(accounting),
+               "step": loop.step, "version": loop.version}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    drive_learner(Path(sys.argv[1]), *(int(arg) for arg in sys.argv[2:]))
