@@ -27,3 +27,6 @@ class ActorConfig(BaseModel):
     weight_retry_s: float = Field(5.0, ge=0, description="wait before re-fetching a failed transfer")
     auth_token: str | None = None
     num_cpus: float = Field(1.0, ge=0, description="Ray CPUs per actor (plus one 'rollout' resource)")
+    sync: bool = Field(False, description="synchronous RL: sample one batch per weight version, then "
+                                          "wait for the next (use with max_staleness=0; see "
+                                          "actors/rollout_actor.py)")

