@@ -127,6 +127,11 @@ class TandemConfig(Section):
     def _derived_defaults(self) -> TandemConfig:
         if self.server.auth_token is None and os.environ.get("TANDEM_AUTH_TOKEN"):
             self.server.auth_token = os.environ["TANDEM_AUTH_TOKEN"]
+        if self.rollout.sync and (self.rollout.max_staleness != 0 or self.train.prompts_per_step
+                                  != self.rollout.num_actors * self.rollout.prompts_per_batch):
+            raise ValueError("rollout.sync needs rollout.max_staleness=0 and train.prompts_per_step == "
+                             "rollout.num_actors * rollout.prompts_per_batch (each step trains on exactly "
+                             "what the actors sampled with the newest weights)")
         if "total_steps" not in self.optim.model_fields_set:  # the schedule spans the run by default
             self.optim = self.optim.model_copy(update={"total_steps": self.train.steps})
             OptimizerConfig.model_validate(self.optim.model_dump())

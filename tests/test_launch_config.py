@@ -61,3 +61,16 @@ def test_arithmetic_heldout_is_excluded_from_training(tmp_path):
         a, b = row["prompt"].split("+")
         assert int(row["answer"]) == int(a) + int(b)
     assert 0.2 < sum("-" in line for line in pretrain) / len(pretrain) < 0.4
+
+
+def test_sync_rollout_requires_matching_batch_and_no_staleness():
+    with pytest.raises(ConfigError, match="rollout.sync needs"):
+        load_config(None, ["rollout.sync=true"])
+    config = load_config(None, ["rollout.sync=true", "rollout.max_staleness=0", "rollout.num_actors=2",
+                                "rollout.prompts_per_batch=8", "train.prompts_per_step=16"])
+    assert config.rollout.sync
+
+
+def test_schedule_spans_the_run_unless_set():
+    assert load_config(None, ["train.steps=40"]).optim.total_steps == 40
+    assert load_config(None, ["train.steps=40", "optim.total_steps=100"]).optim.total_steps == 100
