@@ -56,10 +56,15 @@ def ray_head():
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "JAX_PLATFORMS": "cpu"}
     env.pop("RAY_ADDRESS", None)
     dashboard, gcs = free_port(), free_port()
+    # Every fixed default port is replaced: the test session's own local Ray (ray_session) already
+    # holds the defaults (e.g. the dashboard agent's 52365), and a second cluster must not collide.
+    ports = [f"--{flag}={free_port()}" for flag in (
+        "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
+        "ray-client-server-port", "metrics-export-port", "node-manager-port", "object-manager-port")]
     subprocess.run(
         [str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
          "--num-cpus=4", '--resources={"rollout": 2, "reward": 2}', "--dashboard-host=127.0.0.1",
-         f"--dashboard-port={dashboard}", "--disable-usage-stats", f"--temp-dir={temp_dir}"],
+         f"--dashboard-port={dashboard}", "--disable-usage-stats", f"--temp-dir={temp_dir}", *ports],
         env=env, check=True, capture_output=True, timeout=180,
     )
     try:
