@@ -13,6 +13,12 @@
 Exactly-once holds per prompt along the checkpointed history: a checkpoint stores the params
 and, with them, which prompts those params were trained on. A learner restored from it re-leases
 every prompt consumed after it, so no prompt is lost and none is counted twice in the model.
+
+A restored learner publishes its weights under a fresh version, RESTART_VERSION_STRIDE above the
+checkpoint's: the crashed run may have published (and actors may serve) versions past the
+checkpoint, and reusing those numbers for different weights would let actors keep the old
+weights and make their groups look fresh. With the jump every actor re-syncs, and groups sampled
+before the crash are older than max_staleness and dropped as stale (their prompts re-leased).
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ from learner.service import GroupRecord, LearnerService
 from learner.train_step import Trainer
 
 StepCallback = Callable[[int, dict[str, float]], None]
+
+# Version jump on restore; larger than any number of versions a run publishes between checkpoints.
+RESTART_VERSION_STRIDE = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -63,7 +72,7 @@ class RLLoop:
         restored = self.checkpointer.restore(self.trainer.state)
         if restored is not None:
             self.trainer.state = restored.state
-            self.step, self.version = restored.step, restored.weight_version
+            self.step, self.version = restored.step, restored.weight_version + RESTART_VERSION_STRIDE
             self.service.load_state_dict(restored.extra["service"])
         bound = self.service.start(address)
         self.service.set_step(self.step)
