@@ -145,6 +145,17 @@ def make_evaluator(run: Run, tokenizer, hf_dir: Path):
                      max_model_len=config.rollout.max_model_len, kv_cache_gib=0.25, seed=config.seed)
 
 
+def evaluate_dir(run: Run, tokenizer, hf_dir: Path) -> dict[str, float] | None:
+    """One held-out evaluation of an HF dir (None when the run has no eval split)."""
+    evaluator = make_evaluator(run, tokenizer, hf_dir)
+    if evaluator is None:
+        return None
+    try:
+        return evaluator.evaluate()
+    finally:
+        evaluator.close()
+
+
 def console_line(mode: Mode, step: int, metrics: dict[str, float]) -> str:
     shown = [f"{k}={metrics[k]:.4g}" for k in CONSOLE_KEYS if k in metrics]
     return f"[{mode}] step {step} " + " ".join(shown)
@@ -194,10 +205,8 @@ def run_supervised_mode(run: Run, mode: Mode) -> dict[str, Any]:
     checkpointer.close()
     hf_dir = trainer.export_hf(run.run_dir / "hf_final", tokenizer_dir=run.model_dir)
     summary: dict[str, Any] = {"mode": mode, "steps": config.train.steps, "hf_final": str(hf_dir)}
-    evaluator = make_evaluator(run, tokenizer, hf_dir)
-    if evaluator is not None:
-        summary["eval"] = evaluator.evaluate()
-        evaluator.close()
+    if (scores := evaluate_dir(run, tokenizer, hf_dir)) is not None:
+        summary["eval"] = scores
     write_summary(run, summary)
     return summary
 
@@ -299,10 +308,8 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
                                "reward_stats": reward_stats, "actors": actor_stats, "supervisor": supervision}
     for violation in summary["accounting_violations"]:
         log.error("accounting does not balance: %s", violation)
-    final = make_evaluator(run, tokenizer, hf_dir)
-    if final is not None:
-        summary["eval"] = final.evaluate()
-        final.close()
+    if (scores := evaluate_dir(run, tokenizer, hf_dir)) is not None:
+        summary["eval"] = scores
     write_summary(run, summary)
     if started_ray:
         ray.shutdown()
@@ -316,11 +323,8 @@ def run_eval_mode(run: Run) -> dict[str, Any]:
     hf_dir = Path(run.config.model.path) if run.config.model.path else run.run_dir / "hf_final"
     if not (hf_dir / "config.json").exists():
         raise ConfigError(f"no HF model dir to evaluate at {hf_dir}; set model.path")
-    evaluator = make_evaluator(run, AutoTokenizer.from_pretrained(hf_dir), hf_dir)
-    try:
-        summary = {"mode": "eval", "model": str(hf_dir), "eval_data": run.eval_data, "eval": evaluator.evaluate()}
-    finally:
-        evaluator.close()
+    scores = evaluate_dir(run, AutoTokenizer.from_pretrained(hf_dir), hf_dir)
+    summary = {"mode": "eval", "model": str(hf_dir), "eval_data": run.eval_data, "eval": scores}
     (run.run_dir / "eval.json").write_text(json.dumps(summary, indent=2))
     return summary
 
