@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,12 +97,8 @@ class LearnerClient:
         self.actor_id = actor_id
         self._call_timeout_s = call_timeout_s
         self._metadata = ((AUTH_METADATA_KEY, f"Bearer {auth_token}"),) if auth_token else ()
-        options = grpc_options() + CLIENT_CHANNEL_OPTIONS
-        if tls_ca_path:
-            credentials = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca_path).read_bytes())
-            self._channel = grpc.secure_channel(address, credentials, options=options)
-        else:
-            self._channel = grpc.insecure_channel(address, options=options)
+        self._tls_ca_path = tls_ca_path
+        self._channel = self._open_channel(address)
         self._stub = rpc.LearnerStub(self._channel)
         self._cond = threading.Condition()
         self._unacked: dict[str, pb.ScoredGroup] = {}  # insertion order = send order
@@ -136,7 +132,7 @@ class LearnerClient:
             capabilities=pb.ActorCapabilities(**capabilities),
             weight_version=weight_version,
         )
-        reply = self._unary(self._stub.Register, request, timeout)
+        reply = self._unary("Register", request, timeout)
         with self._cond:
             self._registration = (dict(capabilities), weight_version)
             self._server_credits = reply.credits
@@ -152,7 +148,7 @@ class LearnerClient:
         """Report liveness; returns the latest published version. Re-registers if the learner
         forgot this actor (e.g. after a learner restart)."""
         reply = self._unary(
-            self._stub.Heartbeat,
+            "Heartbeat",
             pb.HeartbeatRequest(
                 wire_version=WIRE_VERSION,
                 actor_id=self.actor_id,
@@ -174,14 +170,14 @@ class LearnerClient:
             wire_version=WIRE_VERSION, actor_id=self.actor_id, max_prompts=max_prompts
         )
         try:
-            reply = self._unary(self._stub.LeasePrompts, request)
+            reply = self._unary("LeasePrompts", request)
         except grpc.RpcError as error:
             with self._cond:
                 registration = self._registration
             if error.code() != grpc.StatusCode.FAILED_PRECONDITION or registration is None:
                 raise
             self.register(*registration)
-            reply = self._unary(self._stub.LeasePrompts, request)
+            reply = self._unary("LeasePrompts", request)
         leases = [PromptLease(p.group_id, list(p.token_ids), p.text, dict(p.metadata)) for p in reply.prompts]
         return leases, reply.exhausted
 
@@ -269,7 +265,7 @@ class LearnerClient:
         self, version: int, applied: bool, detail: str = "", stall_s: float = 0.0, transfer_s: float = 0.0
     ) -> None:
         self._unary(
-            self._stub.ReportWeights,
+            "ReportWeights",
             pb.WeightReport(
                 actor_id=self.actor_id,
                 version=version,
@@ -281,7 +277,7 @@ class LearnerClient:
         )
 
     def status(self) -> pb.StatusReply:
-        return self._unary(self._stub.Status, pb.StatusRequest())
+        return self._unary("Status", pb.StatusRequest())
 
     def close(self) -> None:
         """Stop the stream thread and close the channel; unacked groups are abandoned (their
@@ -296,6 +292,22 @@ class LearnerClient:
             self._stream_thread.join(timeout=10)
         self._channel.close()
 
+    def retarget(self, address: str) -> None:
+        """Talk to the learner at a new address (a restarted learner that bound another port): the
+        group stream breaks, re-registers there and re-sends every unacked group."""
+        with self._cond:
+            if self._closed or address == self.address:
+                return
+            old_channel, self.address = self._channel, address
+            self._channel = self._open_channel(address)
+            self._stub = rpc.LearnerStub(self._channel)
+            call = self._stream_call
+            self._cond.notify_all()
+        log.info("%s: learner moved to %s", self.actor_id, address)
+        if call is not None:
+            call.cancel()
+        old_channel.close()
+
     def __enter__(self) -> LearnerClient:
         return self
 
@@ -304,13 +316,23 @@ class LearnerClient:
 
     # ================================================================== internals
 
-    def _unary(self, method: Callable, request: Any, timeout: float | None = None) -> Any:
+    def _open_channel(self, address: str) -> grpc.Channel:
+        options = grpc_options() + CLIENT_CHANNEL_OPTIONS
+        if self._tls_ca_path:
+            credentials = grpc.ssl_channel_credentials(root_certificates=Path(self._tls_ca_path).read_bytes())
+            return grpc.secure_channel(address, credentials, options=options)
+        return grpc.insecure_channel(address, options=options)
+
+    def _unary(self, method: str, request: Any, timeout: float | None = None) -> Any:
+        """One unary call; ``method`` names a stub method (looked up now: ``retarget`` swaps the stub)."""
         try:
-            return method(
+            return getattr(self._stub, method)(
                 request, metadata=self._metadata, timeout=timeout or self._call_timeout_s, wait_for_ready=True
             )
         except grpc.RpcError as error:
-            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            # CANCELLED: the channel was closed under the call by retarget()
+            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                                grpc.StatusCode.CANCELLED):
                 raise LearnerUnavailable(
                     f"learner at {self.address}: {error.code().name}: {error.details()}"
                 ) from error

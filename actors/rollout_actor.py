@@ -188,6 +188,11 @@ class RolloutActor:
         self._idle.wait(max(0.0, deadline - time.monotonic()))
         return self.stats()
 
+    def retarget(self, learner_address: str) -> None:
+        """Serve the learner at a new address (a restarted driver's learner): re-register there and
+        re-send the unacknowledged groups."""
+        self.client.retarget(learner_address)
+
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         """Greedy token ids under the weights currently served (for checks and evaluation)."""
         with self._engine_lock:

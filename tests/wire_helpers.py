@@ -71,11 +71,13 @@ def make_group(
 
 @contextlib.contextmanager
 def running_service(
-    prompts: PromptSource | None = None, address: str = "127.0.0.1:0", **config
+    prompts: PromptSource | None = None, address: str = "127.0.0.1:0", service: LearnerService | None = None,
+    **config
 ) -> Iterator[tuple[LearnerService, str]]:
+    """Start ``service`` (default: a new one over ``prompts`` with ``config``) and stop it afterwards."""
     config.setdefault("group_size", 4)
     config.setdefault("vocab_size", VOCAB)
-    service = LearnerService(prompts or PromptSource(make_prompts(32)), ServiceConfig(**config))
+    service = service or LearnerService(prompts or PromptSource(make_prompts(32)), ServiceConfig(**config))
     bound = service.start(address)
     try:
         yield service, bound
