@@ -28,7 +28,10 @@ STATE_FORMAT = 1
 
 
 class PromptState(enum.Enum):
-    UNKNOWN = "unknown"  # never issued (or not a key of this dataset)
+    UNKNOWN = "unknown"  # not a key of this dataset
+    # a key the cursor has not reached: what a learner restored from an earlier checkpoint sees for
+    # groups its crashed run leased after that checkpoint
+    UNISSUED = "unissued"
     OUTSTANDING = "outstanding"  # leased, or waiting to be re-issued
     HELD = "held"  # its group is queued at the learner: the lease does not expire
     RETIRED = "retired"  # consumed or rejected: never leased again
@@ -117,9 +120,12 @@ class PromptSource:
 
     def state(self, group_id: str) -> PromptState:
         with self._lock:
+            key = self._parse_key(group_id)
+            if key is None:
+                return PromptState.UNKNOWN
             parsed = self._parse(group_id)
             if parsed is None:
-                return PromptState.UNKNOWN
+                return PromptState.UNISSUED
             if self._is_retired(*parsed):
                 return PromptState.RETIRED
             lease = self._leases.get(group_id)
@@ -227,6 +233,17 @@ class PromptSource:
 
     def _parse(self, group_id: str) -> tuple[int, int] | None:
         """(epoch, index) of a key this source issued, else None."""
+        key = self._parse_key(group_id)
+        if key is None:
+            return None
+        epoch, index = key
+        with self._lock:
+            if epoch > self._epoch or (epoch == self._epoch and self._order(epoch)[1][index] >= self._pos):
+                return None
+        return epoch, index
+
+    def _parse_key(self, group_id: str) -> tuple[int, int] | None:
+        """(epoch, index) of a well-formed key of this dataset, up to the epoch after the cursor's."""
         epoch_text, sep, index_text = group_id.partition(":")
         if not (
             sep
@@ -237,11 +254,10 @@ class PromptSource:
         ):
             return None
         epoch, index = int(epoch_text), int(index_text)
-        if group_id != f"{epoch}:{index}" or index >= self._num:
+        if group_id != f"{epoch}:{index}" or index >= self._num or epoch > self._epoch + 1:
             return None
-        with self._lock:
-            if epoch > self._epoch or (epoch == self._epoch and self._order(epoch)[1][index] >= self._pos):
-                return None
+        if self._epochs is not None and epoch >= self._epochs:
+            return None
         return epoch, index
 
     def _is_retired(self, epoch: int, index: int) -> bool:

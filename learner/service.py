@@ -478,7 +478,13 @@ class LearnerService(rpc.LearnerServicer):
                 return self._reject(msg, pb.ACK_STATUS_DUPLICATE, "already consumed")
             if state is PromptState.HELD:
                 return self._reject(msg, pb.ACK_STATUS_DUPLICATE, "already queued")
-            if state is PromptState.UNKNOWN:
+            if state is PromptState.UNISSUED and is_stale(record.policy_version, self._latest_version,
+                                                          self.config.max_staleness):
+                # leased by this run before the learner restarted from an earlier checkpoint: the
+                # prompt is issued again when the cursor reaches it
+                return self._reject(msg, pb.ACK_STATUS_STALE, "sampled before the learner restarted from an "
+                                                             "earlier checkpoint; the prompt will be issued again")
+            if state in (PromptState.UNKNOWN, PromptState.UNISSUED):
                 return self._reject(msg, pb.ACK_STATUS_INVALID, "group_id was never leased by this learner")
             if record.rejected_reason:
                 self._prompts.retire(group_id)

@@ -278,8 +278,10 @@ def test_prompt_state_and_unknown_keys():
     assert source.state(p.group_id) is PromptState.HELD
     source.retire(p.group_id)
     assert source.state(p.group_id) is PromptState.RETIRED
-    for key in ["", "0", "x:1", "0:3", "1:0", "00:1", "-1:0", "0:1\n", "٣:1", "0:" + "9" * 40]:
+    for key in ["", "0", "x:1", "0:3", "2:0", "00:1", "-1:0", "0:1\n", "٣:1", "0:" + "9" * 40]:
         assert source.state(key) is PromptState.UNKNOWN, key
+    not_yet = [k for k in ("0:0", "0:1", "0:2") if k != p.group_id] + ["1:0"]
+    assert all(source.state(key) is PromptState.UNISSUED for key in not_yet)
     with pytest.raises(KeyError):
         source.retire(p.group_id)
 
