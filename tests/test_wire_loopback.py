@@ -14,12 +14,20 @@ import grpc
 import ml_dtypes
 import numpy as np
 import pytest
-from wire_helpers import CAPABILITIES, connected_client, make_group, make_prompts, running_service
+from wire_helpers import (
+    CAPABILITIES,
+    VOCAB,
+    connected_client,
+    make_group,
+    make_prompts,
+    running_service,
+    wait_until,
+)
 
 from actors.learner_client import LearnerClient, WeightTransferError
 from learner.accounting import balance_violations
 from learner.prompt_source import PromptSource
-from learner.service import LearnerService
+from learner.service import LearnerService, ServiceConfig
 from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
 
 
@@ -231,6 +239,63 @@ def test_a_restarted_learner_that_forgot_the_actor_gets_it_registered_again():
             call(client)
             assert [v.actor_id for v in fresh.actors_status()] == ["late"]
     client.close()
+
+
+def test_a_client_retargeted_to_a_learner_on_a_new_address_resends_its_unacked_groups():
+    """A restarted learner bound another port: retarget() moves the stream, registration and unacked
+    groups there; the old learner never sees them again."""
+    prompts = make_prompts(8)
+    with running_service(PromptSource(prompts)) as (old, old_address):
+        client = connected_client(old_address, "mover")
+        leases, _ = client.lease_prompts(3)
+        for lease in leases:
+            client.send_group(make_group(lease, client.actor_id))
+        wait_until(lambda: old.queue_depth() == 3, what="three groups queued at the old learner")
+        state = old.state_dict()  # what a checkpoint holds
+    restored = LearnerService(PromptSource(prompts), ServiceConfig(group_size=4, vocab_size=VOCAB))
+    restored.load_state_dict(state)
+    with running_service(service=restored) as (new, new_address):
+        assert new_address != old_address
+        client.retarget(new_address)
+        assert client.address == new_address
+        wait_until(lambda: new.queue_depth() == 3, what="the unacked groups re-sent to the new learner")
+        assert [v.actor_id for v in new.actors_status()] == ["mover"]
+        batch = new.next_batch(3, timeout=5)
+        new.mark_consumed([r.group_id for r in batch])
+        assert sorted(r.group_id for r in batch) == sorted(lease.group_id for lease in leases)
+        assert client.drain(10) and client.counts()["resent"] == 3
+        more, _ = client.lease_prompts(2)  # unary calls go to the new learner too
+        assert len(more) == 2
+    client.close()
+
+
+def test_groups_leased_after_the_checkpoint_come_back_to_a_restored_learner_as_stale_not_invalid():
+    """A learner restored from a checkpoint older than some leases has not issued those prompts yet:
+    their groups (sampled with the crashed run's weights) are stale, and the prompts are issued again."""
+    prompts = make_prompts(8)
+    with running_service(PromptSource(prompts)) as (old, old_address):
+        client = connected_client(old_address, "survivor")
+        client.lease_prompts(2)
+        checkpoint = old.state_dict()
+        after, _ = client.lease_prompts(2)  # leased after the checkpoint
+        client.close()
+    restored = LearnerService(PromptSource(prompts), ServiceConfig(group_size=4, vocab_size=VOCAB))
+    restored.load_state_dict(checkpoint)
+    with running_service(service=restored) as (new, address):
+        new.publish_weights(1_000_000, _weights(0))  # a restored learner's fresh version
+        client = connected_client(address, "survivor")
+        client.send_group(make_group(after[0], client.actor_id, policy_version=0))
+        # the current version, yet a prompt this learner never issued: no honest actor sends that
+        fresh = make_group(after[1], client.actor_id, policy_version=1_000_000)
+        client.send_group(fresh)
+        assert client.drain(10)
+        rejections = {group_id: (status, detail) for group_id, status, detail in client.rejections}
+        assert rejections[after[0].group_id][0] == "stale", rejections
+        assert "restarted" in rejections[after[0].group_id][1]
+        assert rejections[after[1].group_id] == ("invalid", "group_id was never leased by this learner")
+        reissued = [lease.group_id for lease in client.lease_prompts(8)[0]]
+        assert after[0].group_id in reissued and after[1].group_id in reissued
+        client.close()
 
 
 def _assert_serves_groups_and_weights(service: LearnerService, client: LearnerClient) -> None:
