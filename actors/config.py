@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+FLEET_NAME = "tandem-fleet"  # the Ray name of a run's detached fleet (rollout.fleet_name)
+FLEET_NAMESPACE = "tandem"
+
 
 class ActorConfig(BaseModel):
     """Engine, sampling and pacing settings shared by every actor of a fleet."""
@@ -30,3 +33,23 @@ class ActorConfig(BaseModel):
     sync: bool = Field(False, description="synchronous RL: sample one batch per weight version, then "
                                           "wait for the next (use with max_staleness=0; see "
                                           "actors/rollout_actor.py)")
+
+
+class RestartPolicy(BaseModel):
+    """How a fleet replaces actors that keep failing: the first death of an actor is replaced at once;
+    each further death of its replacements within ``stable_after_s`` of their start (a crash loop: bad
+    node, bad weights, out of memory at start) waits ``backoff_s`` doubling up to ``backoff_max_s``;
+    after ``max_quick_failures`` such deaths in a row the fleet gives that slot up and says why."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backoff_s: float = Field(2.0, ge=0, description="wait before the second quick restart; doubles after")
+    backoff_max_s: float = Field(60.0, ge=0)
+    stable_after_s: float = Field(300.0, ge=0, description="an actor that lived this long resets the count")
+    max_quick_failures: int = Field(5, ge=1, description="quick deaths in a row before a slot is given up")
+
+    def delay_s(self, failures: int) -> float | None:
+        """Wait before replacing the ``failures``-th quick death in a row; None: give the slot up."""
+        if failures > self.max_quick_failures:
+            return None
+        return 0.0 if failures <= 1 else min(self.backoff_max_s, self.backoff_s * 2 ** (failures - 2))

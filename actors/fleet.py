@@ -2,28 +2,34 @@
 
 Scaling down stops an actor and kills it; the prompts it had leased but not delivered are re-issued
 by the learner when their leases expire, so nothing is lost. A dead actor (crash, node loss, or an
-id the learner reports as silent) is replaced by a fresh one with a new id.
+id the learner reports as silent) is replaced by a fresh one with a new id, following the fleet's
+RestartPolicy: an actor that keeps dying right after it starts is restarted with growing back-off
+and finally given up (``health()`` says which and why).
 
-For runtime control from outside the run, ``start_named_fleet`` wraps the fleet in a named Ray actor
-and ``set_actor_count(n)`` (or ``python -m actors.fleet N``) resizes it.
+For an RL run, ``start_named_fleet`` wraps the fleet in a detached, named Ray actor (NamedFleet):
+it and its actors outlive the driver that started them, a restarted driver of the same run
+re-attaches (``attach``, which also moves every actor to the learner's new address), and a fleet
+no driver has touched for ``orphan_timeout_s`` shuts itself down. ``set_actor_count(n)`` (or
+``python -m actors.fleet N``) resizes it from any process on the cluster.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import threading
+import time
+from dataclasses import asdict, dataclass
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from actors.config import ActorConfig
+from actors.config import FLEET_NAME, FLEET_NAMESPACE, ActorConfig, RestartPolicy
 from actors.rollout_actor import RolloutActor
 
 log = logging.getLogger(__name__)
 
-FLEET_NAME = "tandem-fleet"
-FLEET_NAMESPACE = "tandem"
 # run() occupies one thread of the actor; stats(), stop() and greedy() need others.
 ACTOR_CONCURRENCY = 4
 # The engine must live in the actor's own process (fast start, weight arrays passed without copies);
@@ -31,18 +37,44 @@ ACTOR_CONCURRENCY = 4
 ACTOR_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
 
 
+@dataclass
+class PendingRestart:
+    """A replacement waiting out its back-off."""
+
+    replaces: str  # the dead actor's id
+    failures: int  # quick deaths in a row of this slot so far
+    due: float  # time.monotonic() when it may start
+
+
+@dataclass
+class GivenUp:
+    """A slot whose actors kept dying right after they started."""
+
+    actor_id: str  # the last actor of the slot
+    failures: int
+    reason: str
+
+
 class ActorFleet:
-    """Creates, resizes and replaces RolloutActors; each runs its ``run()`` loop as soon as it exists."""
+    """Creates, resizes and replaces RolloutActors; each runs its ``run()`` loop as soon as it exists.
+
+    ``detached`` actors outlive the process that created the fleet (used by NamedFleet)."""
 
     def __init__(self, config: ActorConfig, learner_address: str, reward_handles: list,
-                 *, id_prefix: str = "actor"):
+                 *, id_prefix: str = "actor", restart: RestartPolicy | None = None, detached: bool = False):
         self.config = config
         self.learner_address = learner_address
         self.reward_handles = list(reward_handles)
         self.id_prefix = id_prefix
+        self.restart = restart or RestartPolicy()
         self._remote_cls = ray.remote(RolloutActor)
+        self._lifetime = {"lifetime": "detached"} if detached else {}
         self._handles: dict[str, ray.actor.ActorHandle] = {}
         self._runs: dict[str, ray.ObjectRef] = {}
+        self._started_at: dict[str, float] = {}  # actor id -> time.monotonic() of its spawn
+        self._quick_failures: dict[str, int] = {}  # actor id -> quick deaths in a row of its slot before it
+        self._pending: list[PendingRestart] = []
+        self._given_up: list[GivenUp] = []
         self._next_index = 0
         # the named fleet answers several calls at once (stats while a scale is stopping an actor)
         self._lock = threading.RLock()
@@ -53,34 +85,75 @@ class ActorFleet:
             return dict(self._handles)
 
     def scale(self, n: int) -> list[str]:
-        """Add or remove actors (newest removed first) until ``n`` run; returns the ids now running."""
+        """Add or remove actors until ``n`` run or wait to restart (removing waiting restarts first,
+        then the newest actors); returns the ids now running."""
         if n < 0:
             raise ValueError(f"actor count must be >= 0, got {n}")
         with self._lock:
-            while len(self._handles) < n:
+            while len(self._handles) + len(self._pending) < n:
                 self._spawn()
-            for actor_id in list(self._handles)[n:][::-1]:
+            excess = len(self._handles) + len(self._pending) - n
+            while excess > 0 and self._pending:
+                self._pending.pop()
+                excess -= 1
+            for actor_id in list(self._handles)[len(self._handles) - max(excess, 0):][::-1]:
                 self._remove(actor_id, graceful=True)
             return list(self._handles)
 
     def replace_dead(self, actor_ids: list[str] | None = None) -> list[str]:
-        """Replace dead actors with fresh ones; returns the ids of the replacements.
+        """Replace dead actors; returns the ids of the replacements started now (others may wait
+        out a back-off: see ``reconcile``).
 
         With ``actor_ids`` (e.g. those the learner reports as silent) those actors are killed and
         replaced; without, the fleet asks Ray which actors died.
         """
-        return list(self.replace(actor_ids if actor_ids is not None else self.dead()).values())
+        replaced = self.replace(actor_ids if actor_ids is not None else self.dead())
+        return [new for new in replaced.values() if new]
 
     def replace(self, actor_ids: list[str]) -> dict[str, str]:
-        """Kill the given actors (those still in the fleet) and start a fresh one for each;
-        returns {old id: new id}."""
+        """Kill the given actors (those still in the fleet) and replace each per the RestartPolicy;
+        returns {old id: new id, or "" when the replacement waits out a back-off or was given up}."""
         with self._lock:
+            now = time.monotonic()
             replaced = {}
             for actor_id in [a for a in actor_ids if a in self._handles]:
-                log.warning("replacing rollout actor %s", actor_id)
+                lived = now - self._started_at[actor_id]
+                quick = lived < self.restart.stable_after_s
+                failures = self._quick_failures[actor_id] + 1 if quick else 1
                 self._remove(actor_id, graceful=False)
-                replaced[actor_id] = self._spawn()
+                delay = self.restart.delay_s(failures)
+                if delay is None:
+                    reason = (f"{failures} actors of this slot died within {self.restart.stable_after_s:.0f} s "
+                              f"of starting; the last lived {lived:.1f} s")
+                    log.error("rollout actor %s: giving its slot up: %s", actor_id, reason)
+                    self._given_up.append(GivenUp(actor_id, failures, reason))
+                    replaced[actor_id] = ""
+                elif delay > 0:
+                    log.warning("rollout actor %s died %.1f s after it started (%d in a row): restarting in "
+                                "%.1f s", actor_id, lived, failures, delay)
+                    self._pending.append(PendingRestart(actor_id, failures, now + delay))
+                    replaced[actor_id] = ""
+                else:
+                    log.warning("replacing rollout actor %s", actor_id)
+                    replaced[actor_id] = self._spawn(failures)
             return replaced
+
+    def reconcile(self) -> list[str]:
+        """Start the replacements whose back-off is over; returns their ids."""
+        with self._lock:
+            now = time.monotonic()
+            due = [p for p in self._pending if p.due <= now]
+            self._pending = [p for p in self._pending if p.due > now]
+            return [self._spawn(p.failures) for p in due]
+
+    def health(self) -> dict:
+        """Live actor ids, restarts waiting out a back-off, and slots given up (with the reason)."""
+        with self._lock:
+            now = time.monotonic()
+            return {"actors": list(self._handles),
+                    "pending": [{"replaces": p.replaces, "failures": p.failures, "in_s": max(0.0, p.due - now)}
+                                for p in self._pending],
+                    "given_up": [asdict(g) for g in self._given_up]}
 
     def dead(self) -> list[str]:
         """Actors whose process died or whose ``run()`` raised (Ray's view)."""
@@ -117,6 +190,21 @@ class ActorFleet:
                 out[actor_id] = {"error": repr(error)}
         return out
 
+    def retarget(self, learner_address: str) -> list[str]:
+        """Point every actor (and every future one) at the learner's new address; returns the ids told."""
+        with self._lock:
+            self.learner_address = learner_address
+            handles = dict(self._handles)
+        refs = {actor_id: h.retarget.remote(learner_address) for actor_id, h in handles.items()}
+        told = []
+        for actor_id, ref in refs.items():
+            try:
+                ray.get(ref, timeout=60)
+                told.append(actor_id)
+            except (RayActorError, GetTimeoutError) as error:  # the supervisor replaces it
+                log.warning("rollout actor %s did not take the new learner address: %r", actor_id, error)
+        return told
+
     def wait(self, timeout_s: float | None = None) -> dict[str, dict]:
         """Block until every actor's ``run()`` has returned (dataset exhausted); returns their stats."""
         with self._lock:
@@ -129,20 +217,24 @@ class ActorFleet:
 
     # ------------------------------------------------------------------ internals
 
-    def _spawn(self) -> str:
+    def _spawn(self, quick_failures: int = 0) -> str:
         actor_id = f"{self.id_prefix}-{self._next_index}"
         self._next_index += 1
         handle = self._remote_cls.options(
-            resources={"rollout": 1}, num_cpus=self.config.num_cpus,
-            max_concurrency=ACTOR_CONCURRENCY, max_restarts=0, runtime_env={"env_vars": ACTOR_ENV},
+            resources={"rollout": 1}, num_cpus=self.config.num_cpus, max_concurrency=ACTOR_CONCURRENCY,
+            max_restarts=0, runtime_env={"env_vars": ACTOR_ENV}, **self._lifetime,
         ).remote(actor_id, self.config, self.learner_address, self.reward_handles)
         self._handles[actor_id] = handle
         self._runs[actor_id] = handle.run.remote()
+        self._started_at[actor_id] = time.monotonic()
+        self._quick_failures[actor_id] = quick_failures
         return actor_id
 
     def _remove(self, actor_id: str, *, graceful: bool) -> None:
         handle = self._handles.pop(actor_id)
         self._runs.pop(actor_id, None)
+        self._started_at.pop(actor_id, None)
+        self._quick_failures.pop(actor_id, None)
         if graceful:
             try:
                 ray.get(handle.stop.remote(), timeout=60)
@@ -151,22 +243,84 @@ class ActorFleet:
         ray.kill(handle, no_restart=True)
 
 
+class NamedFleet(ActorFleet):
+    """The fleet of one RL run as a detached, named Ray actor that outlives its driver.
+
+    ``run_key`` says which run (and which actor and reward settings) it serves, so that only a
+    restarted driver of the same run re-attaches. It owns the reward workers it was handed: when no
+    driver has called ``touch``/``attach`` for ``orphan_timeout_s`` (0: never) it stops its actors,
+    kills the reward workers and exits, so a crashed run that is never restarted leaks nothing.
+    """
+
+    def __init__(self, config: ActorConfig, learner_address: str, reward_handles: list, *, run_key: str = "",
+                 orphan_timeout_s: float = 0.0, restart: RestartPolicy | None = None):
+        super().__init__(config, learner_address, reward_handles, restart=restart, detached=True)
+        self.run_key = run_key
+        self.orphan_timeout_s = orphan_timeout_s
+        self._touched = time.monotonic()
+        if orphan_timeout_s > 0:
+            threading.Thread(target=self._watch_for_orphaning, name="tandem-fleet-orphan-watch", daemon=True).start()
+
+    def touch(self) -> None:
+        """A driver is alive and using this fleet."""
+        self._touched = time.monotonic()
+
+    def describe(self) -> dict:
+        """Which run this fleet serves, how long since a driver touched it, its actors and reward workers."""
+        return {"run_key": self.run_key, "idle_s": time.monotonic() - self._touched,
+                "learner_address": self.learner_address, "actors": list(self.actors()),
+                "reward_handles": list(self.reward_handles)}
+
+    def attach(self, learner_address: str) -> list[str]:
+        """A (restarted) driver takes the fleet over: its actors move to ``learner_address``."""
+        self.touch()
+        return self.retarget(learner_address)
+
+    def close(self) -> None:
+        """Stop every actor and kill the reward workers (the caller then kills this actor)."""
+        self.shutdown()
+        for worker in self.reward_handles:
+            ray.kill(worker, no_restart=True)
+
+    def _watch_for_orphaning(self) -> None:
+        while (idle := time.monotonic() - self._touched) < self.orphan_timeout_s:
+            time.sleep(min(5.0, self.orphan_timeout_s - idle + 0.1))
+        log.error("no driver touched fleet of run %s for %.0f s: shutting it down", self.run_key, idle)
+        try:
+            self.close()
+        finally:
+            os._exit(0)  # a detached actor with no restarts: its process exiting ends it
+
+
 # ---------------------------------------------------------------------- runtime control
 
 
-def start_named_fleet(config: ActorConfig, learner_address: str, reward_handles: list,
-                      initial_actors: int) -> ray.actor.ActorHandle:
-    """Create the fleet inside a named Ray actor (owned by the caller) and start ``initial_actors``."""
-    holder = ray.remote(ActorFleet).options(name=FLEET_NAME, namespace=FLEET_NAMESPACE, num_cpus=0,
-                                            max_concurrency=4)
-    handle = holder.remote(config, learner_address, reward_handles)
+def start_named_fleet(config: ActorConfig, learner_address: str, reward_handles: list, initial_actors: int,
+                      *, name: str = FLEET_NAME, run_key: str = "", orphan_timeout_s: float = 0.0,
+                      restart: RestartPolicy | None = None) -> ray.actor.ActorHandle:
+    """Create a detached NamedFleet called ``name`` and start ``initial_actors``. Whoever ends the run
+    calls ``close`` on it and kills it (or leaves that to ``orphan_timeout_s``)."""
+    holder = ray.remote(NamedFleet).options(name=name, namespace=FLEET_NAMESPACE, num_cpus=0, max_concurrency=4,
+                                            lifetime="detached", max_restarts=0)
+    handle = holder.remote(config, learner_address, reward_handles, run_key=run_key,
+                           orphan_timeout_s=orphan_timeout_s, restart=restart)
     ray.get(handle.scale.remote(initial_actors))
     return handle
 
 
-def set_actor_count(n: int) -> list[str]:
+def find_named_fleet(name: str = FLEET_NAME) -> ray.actor.ActorHandle | None:
+    """The live fleet called ``name`` on this cluster, if any."""
+    try:
+        return ray.get_actor(name, namespace=FLEET_NAMESPACE)
+    except ValueError:
+        return None
+
+
+def set_actor_count(n: int, name: str = FLEET_NAME) -> list[str]:
     """Resize the running fleet (from any process connected to the same Ray cluster)."""
-    fleet = ray.get_actor(FLEET_NAME, namespace=FLEET_NAMESPACE)
+    fleet = find_named_fleet(name)
+    if fleet is None:
+        raise LookupError(f"no tandem fleet named {name!r} runs on this cluster")
     return ray.get(fleet.scale.remote(n))
 
 
@@ -174,9 +328,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Set the number of rollout actors of a running tandem run.")
     parser.add_argument("actors", type=int, help="new actor count")
     parser.add_argument("--address", default="auto", help="Ray cluster address")
+    parser.add_argument("--name", default=FLEET_NAME, help="the run's rollout.fleet_name")
     args = parser.parse_args(argv)
     ray.init(address=args.address, namespace=FLEET_NAMESPACE, log_to_driver=False)
-    print(" ".join(set_actor_count(args.actors)))
+    print(" ".join(set_actor_count(args.actors, args.name)))
 
 
 if __name__ == "__main__":

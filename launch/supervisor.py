@@ -8,7 +8,12 @@ An actor is replaced when
     thread still beats, but the engine stopped answering), or it does not answer ``stats()``.
 
 A replacement is a new RolloutActor with a new id; it fetches the learner's current weights before
-it samples. The prompts the old actor had leased but not delivered come back when their leases
+it samples. Replacements follow the fleet's RestartPolicy (back-off for actors that die right after
+they start, then giving the slot up); when every slot is given up, ``on_fatal`` is called with the
+reason (the RL run stops with it instead of waiting for groups that will never come). Each round
+also touches the fleet, which tells a detached fleet that its driver is alive.
+
+The prompts the old actor had leased but not delivered come back when their leases
 expire (``lease_seconds``), so nothing is lost, and the learner's de-duplication by group id means
 nothing is consumed twice.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import ray
@@ -34,10 +40,11 @@ DEFAULT_GENERATE_TIMEOUT_S = 600.0
 
 @dataclass
 class Replacement:
-    """One replaced actor: why, and the id of the actor that took its place."""
+    """One replaced actor: why, and the id of the actor that took its place ("" while it waits out a
+    back-off, or when its slot was given up; a "backoff" entry is such a delayed start)."""
 
     actor_id: str
-    reason: str  # "dead" | "silent" | "hung"
+    reason: str  # "dead" | "silent" | "hung" | "backoff"
     replacement_id: str
     at: float  # time.time() of the replacement
 
@@ -46,10 +53,13 @@ class Replacement:
 class SupervisorReport:
     replacements: list[Replacement] = field(default_factory=list)
     checks: int = 0
+    given_up: list[dict] = field(default_factory=list)  # the fleet's health()["given_up"]
+    fatal: str = ""  # why the run cannot go on (every slot given up)
 
     def as_dict(self) -> dict:
-        return {"checks": self.checks, "replaced": len(self.replacements),
-                "replacements": [vars(r) for r in self.replacements]}
+        return {"checks": self.checks, "replaced": sum(r.reason != "backoff" for r in self.replacements),
+                "replacements": [vars(r) for r in self.replacements], "given_up": self.given_up,
+                "fatal": self.fatal}
 
 
 class FleetSupervisor:
@@ -57,11 +67,12 @@ class FleetSupervisor:
 
     def __init__(self, service: LearnerService, fleet: ray.actor.ActorHandle, *,
                  generate_timeout_s: float = DEFAULT_GENERATE_TIMEOUT_S, interval_s: float = 1.0,
-                 call_timeout_s: float = 10.0):
+                 call_timeout_s: float = 10.0, on_fatal: Callable[[str], None] | None = None):
         """Silence is judged by the service (its ``actor_timeout_s``); ``generate_timeout_s`` is the
         longest plausible single generate call."""
         self.service, self.fleet = service, fleet
         self.generate_timeout_s, self.interval_s, self.call_timeout_s = generate_timeout_s, interval_s, call_timeout_s
+        self.on_fatal = on_fatal
         self.report = SupervisorReport()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tandem-fleet-supervisor", daemon=True)
@@ -79,6 +90,8 @@ class FleetSupervisor:
 
     def check(self) -> list[Replacement]:
         """One round: replace the dead, the silent and the hung; returns what was replaced."""
+        self.fleet.touch.remote()
+        self._start_restarts()
         done = self._replace(None, "dead")
         live = set(self._call(self.fleet.actors.remote()))
         registered = {a.actor_id: a for a in self.service.actors_status() if a.actor_id in live}
@@ -99,7 +112,26 @@ class FleetSupervisor:
                 "error", f"one generate busy for {stats[actor_id].get('engine_busy_s', 0.0):.1f} s"))
         done += self._replace(hung, "hung")
         self.report.checks += 1
+        self._check_given_up()
         return done
+
+    def _start_restarts(self) -> None:
+        """Start the replacements whose back-off is over."""
+        for new in self._call(self.fleet.reconcile.remote()):
+            log.warning("rollout actor %s started after a back-off", new)
+            self.report.replacements.append(Replacement("", "backoff", new, time.time()))
+
+    def _check_given_up(self) -> None:
+        """Report slots given up; with none left running or waiting, the fleet is finished: on_fatal."""
+        health = self._call(self.fleet.health.remote())
+        self.report.given_up = health["given_up"]
+        if health["given_up"] and not health["actors"] and not health["pending"] and not self.report.fatal:
+            last = health["given_up"][-1]
+            self.report.fatal = (f"every rollout actor slot was given up after repeated crashes; last: actor "
+                                 f"{last['actor_id']}: {last['reason']}")
+            log.error("%s", self.report.fatal)
+            if self.on_fatal is not None:
+                self.on_fatal(self.report.fatal)
 
     def _replace(self, actor_ids: list[str] | None, reason: str) -> list[Replacement]:
         """Replace ``actor_ids`` (None: those Ray reports dead)."""
@@ -109,7 +141,8 @@ class FleetSupervisor:
         replaced = self._call(self.fleet.replace.remote(targets))
         done = [Replacement(old, reason, new, time.time()) for old, new in replaced.items()]
         for r in done:
-            log.warning("rollout actor %s was %s: replaced by %s", r.actor_id, reason, r.replacement_id)
+            log.warning("rollout actor %s was %s: replaced by %s", r.actor_id, reason,
+                        r.replacement_id or "nothing yet (back-off or given up)")
         self.report.replacements += done
         return done
 

@@ -52,7 +52,8 @@ class RLLoopConfig:
 
 
 class NoRolloutsError(RuntimeError):
-    """No scored group reached the learner for `batch_timeout_s` (actors dead or misconfigured)."""
+    """No scored group reached the learner for `batch_timeout_s`, or the run was aborted because
+    none will (actors dead or misconfigured)."""
 
 
 class RLLoop:
@@ -66,6 +67,12 @@ class RLLoop:
         self.step = 0
         self.version = 0
         self.last_groups: list[GroupRecord] = []  # what the last step trained on (for on_step hooks)
+        self._abort_reason = ""
+
+    def abort(self, reason: str) -> None:
+        """Stop waiting for groups: ``run`` raises NoRolloutsError(reason) within seconds. Thread-safe
+        (e.g. the fleet supervisor, when every actor slot was given up)."""
+        self._abort_reason = reason
 
     def start(self, address: str = "127.0.0.1:0") -> str:
         """Restore the newest checkpoint if any, start serving, publish the current weights."""
@@ -111,6 +118,8 @@ class RLLoop:
         groups: list[GroupRecord] = []
         deadline = time.monotonic() + self.config.batch_timeout_s
         while len(groups) < self.config.prompts_per_step:
+            if self._abort_reason:
+                raise NoRolloutsError(f"run aborted: {self._abort_reason}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise NoRolloutsError(
