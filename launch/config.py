@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from actors.config import ActorConfig
+from actors.config import FLEET_NAME, ActorConfig, RestartPolicy
 from learner.losses import LossConfig
 from learner.mesh import MeshConfig
 from learner.optim import OptimizerConfig
@@ -83,6 +83,16 @@ class RolloutConfig(ActorConfig):
     publish_every: int = Field(1, ge=1)
     queue_capacity: int = Field(64, ge=1)
     lease_seconds: float = Field(60.0, gt=0)
+    heartbeat_interval_s: float = Field(5.0, gt=0, description="how often actors report liveness")
+    actor_timeout_s: float = Field(30.0, gt=0, description="an actor silent this long is replaced")
+    generate_timeout_s: float = Field(600.0, gt=0, description="an engine busy this long in one generate "
+                                                               "call counts as hung and is replaced")
+    restart: RestartPolicy = RestartPolicy()
+    fleet_name: str = Field(FLEET_NAME, min_length=1, description="Ray name of the run's detached fleet; "
+                                                                  "runs sharing a cluster need their own")
+    orphan_timeout_s: float = Field(600.0, ge=0, description="a fleet whose driver died waits this long "
+                                                             "for a restarted driver, then shuts down "
+                                                             "(0 = wait forever)")
 
     def actor_config(self, hf_dir: str, auth_token: str | None) -> ActorConfig:
         fields = self.model_dump(include=set(ActorConfig.model_fields))

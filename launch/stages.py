@@ -53,7 +53,9 @@ def parse_config(mode: Mode, argv: list[str] | None) -> TandemConfig:
         description=f"tandem {mode}: " + {
             "pretrain": "train the learner alone on all tokens of a text dataset (rows with `text`).",
             "sft": "train the learner alone on assistant tokens of chat data (rows with `messages`).",
-            "rl": "GRPO/GSPO with vLLM rollout actors and a reward pool on Ray (rows with `prompt`, `answer`).",
+            "rl": "GRPO/GSPO with vLLM rollout actors and a reward pool on Ray (rows with `prompt`, `answer`). "
+                  "Running the same command again resumes from the last checkpoint and, if the previous "
+                  "driver died, re-attaches to its actors (rollout.fleet_name).",
             "eval": "score model.path (default run_dir/hf_final) on data.eval: greedy pass@1, pass rate, pass@k.",
         }[mode],
         epilog="Overrides use dotted keys, e.g. train.steps=20 algo.algorithm=gspo rollout.num_actors=2. "
@@ -239,7 +241,8 @@ def build_rl_learner(run: Run, tokenizer, **service_overrides: Any):
         "group_size": rollout.group_size, "lease_seconds": rollout.lease_seconds,
         "max_prompt_tokens": rollout.max_prompt_tokens, "auth_token": config.server.auth_token,
         "vocab_size": int(trainer.loaded.hf_config["vocab_size"]), "tls_cert_path": config.server.tls_cert_path,
-        "tls_key_path": config.server.tls_key_path, "mode": "rl", **service_overrides}))
+        "tls_key_path": config.server.tls_key_path, "heartbeat_interval_s": rollout.heartbeat_interval_s,
+        "actor_timeout_s": rollout.actor_timeout_s, "mode": "rl", **service_overrides}))
     checkpointer = Checkpointer(run.run_dir / "checkpoints", max_to_keep=config.train.keep_checkpoints,
                                 save_every=config.train.checkpoint_every)
     return RLLoop(trainer, service, checkpointer, None, RLLoopConfig(
@@ -249,18 +252,20 @@ def build_rl_learner(run: Run, tokenizer, **service_overrides: Any):
 
 
 def run_rl_mode(run: Run) -> dict[str, Any]:
-    """The full loop: learner service + RL loop here, rollout actors and reward workers on Ray."""
+    """The full loop: learner service + RL loop here, rollout actors and reward workers on Ray.
+
+    The actors and reward workers are detached (launch/rollout_side.py): if this driver dies, a
+    restarted one resumes from the last checkpoint and re-attaches to them."""
     import ray
     from transformers import AutoTokenizer
 
-    from actors.fleet import start_named_fleet
     from launch import ray_cluster
+    from launch.rollout_side import open_rollout_side
     from launch.supervisor import FleetSupervisor
     from learner.accounting import balance_violations
     from learner.metrics import MetricsWriter
-    from rewards.pool import RewardPool
 
-    config, rollout = run.config, run.config.rollout
+    config = run.config
     tokenizer = AutoTokenizer.from_pretrained(run.model_dir)
     started_ray = ray_cluster.connect(config.ray_address)
     loop = build_rl_learner(run, tokenizer)
@@ -268,10 +273,13 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
     bound = loop.start(f"{config.server.host}:{config.server.port}")
     address = f"{advertised_host(config.server.host)}:{bound.rsplit(':', 1)[1]}"
     log.info("learner serving on %s (version %d, step %d)", address, loop.version, loop.step)
-    pool = RewardPool(config.rewards.spec(), config.rewards.num_workers)
-    fleet = start_named_fleet(rollout.actor_config(str(run.model_dir), config.server.auth_token), address,
-                              pool.handles(), initial_actors=rollout.num_actors)
-    supervisor = FleetSupervisor(service, fleet).start()
+    try:
+        rollout_side = open_rollout_side(run, address)
+    except BaseException:
+        service.stop()
+        raise
+    supervisor = FleetSupervisor(service, rollout_side.fleet, generate_timeout_s=config.rollout.generate_timeout_s,
+                                 on_fatal=loop.abort).start()
     evaluator = make_evaluator(run, tokenizer, run.model_dir) if config.train.eval_every else None
     progress = Progress("rl", config.train.steps, initial=loop.step)
     writer = MetricsWriter(run.run_dir / "tb")
@@ -289,14 +297,12 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
 
     try:
         accounting = loop.run(on_step=on_step)
-        actor_stats = ray.get(fleet.stats.remote())
+        actor_stats = ray.get(rollout_side.fleet.stats.remote())
     finally:
         supervision = supervisor.stop()
         progress.close()
         writer.close()
-        ray.get(fleet.shutdown.remote())
-        reward_stats = pool.stats()
-        pool.shutdown()
+        reward_stats = rollout_side.close()
         service.stop()
         checkpointer.close()
         if evaluator is not None:
@@ -305,7 +311,8 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
     summary: dict[str, Any] = {"mode": "rl", "steps": loop.step, "weight_version": loop.version,
                                "hf_final": str(hf_dir), "accounting": accounting,
                                "accounting_violations": balance_violations(accounting), "evals": evals,
-                               "reward_stats": reward_stats, "actors": actor_stats, "supervisor": supervision}
+                               "reward_stats": reward_stats, "actors": actor_stats, "supervisor": supervision,
+                               "fleet": {"name": config.rollout.fleet_name, "reattached": rollout_side.attached}}
     for violation in summary["accounting_violations"]:
         log.error("accounting does not balance: %s", violation)
     if (scores := evaluate_dir(run, tokenizer, hf_dir)) is not None:
@@ -346,7 +353,11 @@ def main_for(mode: Mode, argv: list[str] | None = None) -> int:
         print(f"error: {error}")
         return 2
     runner = {"rl": run_rl_mode, "eval": run_eval_mode}.get(mode)
-    summary = runner(run) if runner else run_supervised_mode(run, mode)
-    shown = ("mode", "steps", "model", "hf_final", "eval", "accounting")
+    try:
+        summary = runner(run) if runner else run_supervised_mode(run, mode)
+    except ConfigError as error:  # found only once running (e.g. the fleet name is taken on the cluster)
+        print(f"error: {error}")
+        return 2
+    shown = ("mode", "steps", "model", "hf_final", "eval", "accounting", "accounting_violations")
     print(json.dumps({k: summary[k] for k in shown if k in summary}, indent=2))
     return 0

@@ -56,14 +56,18 @@ class RewardPool:
     """Scores groups on ``num_workers`` reward workers, each call going to the least busy one.
 
     ``actor_options`` update :data:`DEFAULT_ACTOR_OPTIONS` (for example a ``runtime_env`` whose
-    ``PYTHONPATH`` holds the modules of user reward functions).
+    ``PYTHONPATH`` holds the modules of user reward functions, or ``lifetime="detached"`` for workers
+    that outlive the driver). ``workers`` adopts workers started earlier for the same ``spec`` (by a
+    driver that crashed); the pool then starts or retires workers to reach ``num_workers``.
     """
 
-    def __init__(self, spec: RewardSpec, num_workers: int = 1, *, actor_options: dict | None = None) -> None:
+    def __init__(self, spec: RewardSpec, num_workers: int = 1, *, actor_options: dict | None = None,
+                 workers: Sequence[ray.actor.ActorHandle] = ()) -> None:
         self._spec = spec
         self._options = DEFAULT_ACTOR_OPTIONS | (actor_options or {})
-        self._workers: list[ray.actor.ActorHandle] = []
-        self._in_flight: dict[ray.actor.ActorHandle, list[ray.ObjectRef]] = {}
+        ray.get([worker.ready.remote() for worker in workers])  # dead or broken workers fail here
+        self._workers: list[ray.actor.ActorHandle] = list(workers)
+        self._in_flight: dict[ray.actor.ActorHandle, list[ray.ObjectRef]] = {worker: [] for worker in workers}
         self._retired_stats: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
         self.scale(num_workers)

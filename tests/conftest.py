@@ -38,3 +38,12 @@ def ray_session():
         )
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def ray_head():
+    """A second, real Ray cluster (`ray start --head` on loopback) for tests that submit jobs to it."""
+    from ray_head_helpers import ray_head_cluster
+
+    with ray_head_cluster() as head:
+        yield head

@@ -1,0 +1,116 @@
+"""The rollout side of an RL run: the reward workers and the named fleet of rollout actors.
+
+Both are detached Ray actors, so a driver (launch/rl.py) that dies (SIGKILL, out of memory, its node
+lost) does not take them along. A restarted driver of the same run finds the fleet by
+``rollout.fleet_name``, checks that it serves this run (``run_key``: run dir plus the actor and reward
+settings), re-attaches to it (its actors move to the new learner address, re-register and re-send
+their unacknowledged groups) and adopts its reward workers. A fleet another run left behind is
+closed first when no driver has touched it lately; one with a live driver is an error (two runs on
+one cluster need their own fleet names). A fleet whose driver never comes back shuts itself down
+after ``rollout.orphan_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from actors.config import ActorConfig
+from actors.fleet import find_named_fleet, start_named_fleet
+from launch.config import ConfigError
+from rewards.pool import RewardPool
+
+if TYPE_CHECKING:
+    from launch.stages import Run
+
+log = logging.getLogger(__name__)
+
+# A fleet touched this recently has a live driver (its supervisor touches it every second).
+LIVE_DRIVER_S = 15.0
+DETACHED = {"lifetime": "detached"}
+
+
+@dataclass
+class RolloutSide:
+    pool: RewardPool
+    fleet: ray.actor.ActorHandle
+    attached: bool  # re-attached to the fleet an earlier driver of this run started
+
+    def close(self) -> dict[str, int]:
+        """Stop the actors, retire the reward workers and end the fleet; returns the reward stats."""
+        try:
+            ray.get(self.fleet.shutdown.remote())
+            return self.pool.stats()
+        finally:
+            self.pool.shutdown()
+            ray.kill(self.fleet, no_restart=True)
+
+
+def run_key(run: Run, actor_config: ActorConfig) -> str:
+    """Identifies the rollout side a run needs: its dir, what each actor runs, how rewards are scored."""
+    rewards = run.config.rewards
+    settings = {"actor": actor_config.model_dump(), "rewards": rewards.spec().model_dump(),
+                "reward_workers": rewards.num_workers}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return f"{run.run_dir.resolve()}#{digest}"
+
+
+def open_rollout_side(run: Run, learner_address: str) -> RolloutSide:
+    """Re-attach to this run's fleet if an earlier driver left one, else start reward workers and a fleet."""
+    config, rollout = run.config, run.config.rollout
+    actor_config = rollout.actor_config(str(run.model_dir), config.server.auth_token)
+    key = run_key(run, actor_config)
+    spec, num_workers = config.rewards.spec(), config.rewards.num_workers
+    fleet = find_named_fleet(rollout.fleet_name)
+    if fleet is not None:
+        info = _describe(fleet)
+        if info is not None and info["run_key"] == key:
+            pool = RewardPool(spec, num_workers, actor_options=DETACHED, workers=info["reward_handles"])
+            moved = ray.get(fleet.attach.remote(learner_address))
+            ray.get(fleet.scale.remote(rollout.num_actors))
+            log.warning("re-attached to fleet %r left by an earlier driver of this run: actors %s now serve %s",
+                        rollout.fleet_name, moved, learner_address)
+            return RolloutSide(pool, fleet, attached=True)
+        if info is not None and info["idle_s"] < LIVE_DRIVER_S:
+            raise ConfigError(f"rollout.fleet_name {rollout.fleet_name!r} is in use by a running run "
+                              f"({info['run_key'].split('#')[0]}); give this run another rollout.fleet_name")
+        log.warning("closing fleet %r left by another run or other settings (%s)", rollout.fleet_name,
+                    info["run_key"] if info else "not answering")
+        _end(fleet, rollout.fleet_name)
+    pool = RewardPool(spec, num_workers, actor_options=DETACHED)
+    try:
+        fleet = start_named_fleet(actor_config, learner_address, pool.handles(), rollout.num_actors,
+                                  name=rollout.fleet_name, run_key=key, orphan_timeout_s=rollout.orphan_timeout_s,
+                                  restart=rollout.restart)
+    except BaseException:
+        pool.shutdown()
+        raise
+    return RolloutSide(pool, fleet, attached=False)
+
+
+def _describe(fleet: ray.actor.ActorHandle) -> dict[str, Any] | None:
+    try:
+        return ray.get(fleet.describe.remote(), timeout=60)
+    except (RayActorError, GetTimeoutError):
+        return None
+
+
+def _end(fleet: ray.actor.ActorHandle, name: str, timeout_s: float = 60.0) -> None:
+    """Close a fleet (its actors and reward workers) and wait until its name is free again."""
+    try:
+        ray.get(fleet.close.remote(), timeout=timeout_s)
+    except (RayActorError, GetTimeoutError) as error:
+        log.warning("fleet %r did not close cleanly: %r", name, error)
+    ray.kill(fleet, no_restart=True)
+    deadline = time.monotonic() + timeout_s
+    while find_named_fleet(name) is not None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"fleet {name!r} still exists {timeout_s:.0f} s after it was killed")
+        time.sleep(0.2)
