@@ -1,16 +1,36 @@
 """Weight pushes that break inside a real tiny RL run: one version's stream carries a corrupted chunk
 (checksum mismatch), a later one is cut before its commit. The actor rejects each, keeps sampling
 with its previous complete version, applies the next good one, and the run completes with every
-group consumed once and the accounting balanced."""
+group consumed once and the accounting balanced. And a learner process SIGKILLed in the middle of
+a push: the fetch fails, nothing half-received is returned."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import itertools
+import os
+import signal
+import subprocess
+import sys
 import time
 
-from reliability_helpers import StepLog, build_learner, check_run, final_history, start_fleet, stop_fleet, tiny_run
+import pytest
+from reliability_helpers import (
+    ROOT,
+    StepLog,
+    build_learner,
+    check_run,
+    final_history,
+    start_fleet,
+    stop_fleet,
+    tiny_run,
+)
 
+import actors.learner_client as learner_client_module
 import learner.service as service_module
+from actors.learner_client import LearnerClient, WeightTransferError
+from actors.weight_staging import stage_weights
 
 STEPS = 7
 CORRUPTED, CUT = 3, 5  # weight versions whose push breaks
@@ -69,3 +89,65 @@ def test_broken_weight_pushes_leave_the_actor_on_its_last_complete_version(ray_s
     print(f"\nweight faults: 2 injected (corrupt chunk, cut stream), 2 rejected: "
           f"{[seen[v]['detail'][:60] for v in (CORRUPTED, CUT)]}; versions applied {stats['versions_applied']}; "
           f"consumed {accounting['groups_consumed']}, lost 0, stale {accounting['groups_stale']}")
+
+
+LEARNER_PROCESS = """
+import sys
+import time
+
+import numpy as np
+
+from learner.prompt_source import PromptSource
+from learner.service import LearnerService, ServiceConfig
+
+service = LearnerService(PromptSource([{"prompt_ids": [1], "text": "p", "metadata": {}}]),
+                         ServiceConfig(weight_chunk_bytes=1 << 20))
+print(service.start("127.0.0.1:0"), flush=True)
+rng = np.random.default_rng(0)
+for version, floats in ((1, 1 << 10), (2, 64 << 18)):  # 4 KiB, then 64 MiB in 1 MiB chunks
+    sys.stdin.readline()
+    service.publish_weights(version, [("w", rng.standard_normal(floats).astype(np.float32))])
+    print("published", version, flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_learner_killed_in_the_middle_of_a_push_leaves_the_previous_version_intact(monkeypatch):
+    """SIGKILL the learner process while a client is receiving a version: the fetch fails (no
+    half-received version is ever returned) and the previously staged version is untouched."""
+    learner = subprocess.Popen([sys.executable, "-c", LEARNER_PROCESS], cwd=ROOT, text=True, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        address = learner.stdout.readline().strip()
+
+        def publish(version: int) -> None:
+            learner.stdin.write("\n")
+            learner.stdin.flush()
+            assert learner.stdout.readline().split() == ["published", str(version)]
+
+        client = LearnerClient(address, "actor-0")
+        publish(1)
+        previous = client.fetch_weights()
+        previous_bytes = previous.tensors[0][1].tobytes()
+        publish(2)
+        received: list[int] = []
+
+        def kill_after_three_chunks(messages, version):
+            stream = iter(messages)
+            head = list(itertools.islice(stream, 4))  # header + 3 of 64 chunks
+            received.append(len(head))
+            learner.send_signal(signal.SIGKILL)
+            learner.wait(30)
+            return stage_weights(itertools.chain(head, stream), version)
+
+        monkeypatch.setattr(learner_client_module, "stage_weights", kill_after_three_chunks)
+        with pytest.raises(WeightTransferError, match="weight stream failed|truncated") as error:
+            client.fetch_weights()
+        client.close()
+        print(f"\nlearner killed mid-push after 3 of 64 chunks: {error.value}")
+    finally:
+        if learner.poll() is None:
+            learner.kill()
+    assert received == [4]
+    assert previous.version == 1 and previous.tensors[0][1].tobytes() == previous_bytes
+    assert hashlib.sha256(previous_bytes).hexdigest() == previous.checksum
