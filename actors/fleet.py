@@ -316,6 +316,25 @@ def find_named_fleet(name: str = FLEET_NAME) -> ray.actor.ActorHandle | None:
         return None
 
 
+def close_named_fleet(name: str = FLEET_NAME, timeout_s: float = 60.0) -> bool:
+    """Stop the fleet called ``name`` (its actors and reward workers), kill it and wait until the name
+    is free again; False when there was none."""
+    fleet = find_named_fleet(name)
+    if fleet is None:
+        return False
+    try:
+        ray.get(fleet.close.remote(), timeout=timeout_s)
+    except (RayActorError, GetTimeoutError) as error:
+        log.warning("fleet %r did not close cleanly: %r", name, error)
+    ray.kill(fleet, no_restart=True)
+    deadline = time.monotonic() + timeout_s
+    while find_named_fleet(name) is not None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"fleet {name!r} still exists {timeout_s:.0f} s after it was killed")
+        time.sleep(0.2)
+    return True
+
+
 def set_actor_count(n: int, name: str = FLEET_NAME) -> list[str]:
     """Resize the running fleet (from any process connected to the same Ray cluster)."""
     fleet = find_named_fleet(name)
@@ -325,13 +344,22 @@ def set_actor_count(n: int, name: str = FLEET_NAME) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Set the number of rollout actors of a running tandem run.")
-    parser.add_argument("actors", type=int, help="new actor count")
+    parser = argparse.ArgumentParser(
+        description="Set the number of rollout actors of a running tandem run, or close the fleet a stopped "
+                    "run left behind (its actors and reward workers wait rollout.orphan_timeout_s for a "
+                    "restarted driver).")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("actors", type=int, nargs="?", help="new actor count")
+    target.add_argument("--close", action="store_true", help="stop and remove the fleet, its actors and "
+                                                             "reward workers")
     parser.add_argument("--address", default="auto", help="Ray cluster address")
     parser.add_argument("--name", default=FLEET_NAME, help="the run's rollout.fleet_name")
     args = parser.parse_args(argv)
     ray.init(address=args.address, namespace=FLEET_NAMESPACE, log_to_driver=False)
-    print(" ".join(set_actor_count(args.actors, args.name)))
+    if args.close:
+        print(f"closed {args.name}" if close_named_fleet(args.name) else f"no fleet named {args.name!r}")
+    else:
+        print(" ".join(set_actor_count(args.actors, args.name)))
 
 
 if __name__ == "__main__":

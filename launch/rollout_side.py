@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +22,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors.config import ActorConfig
-from actors.fleet import find_named_fleet, start_named_fleet
+from actors.fleet import close_named_fleet, find_named_fleet, start_named_fleet
 from launch.config import ConfigError
 from rewards.pool import RewardPool
 
@@ -83,7 +82,7 @@ def open_rollout_side(run: Run, learner_address: str) -> RolloutSide:
                               f"({info['run_key'].split('#')[0]}); give this run another rollout.fleet_name")
         log.warning("closing fleet %r left by another run or other settings (%s)", rollout.fleet_name,
                     info["run_key"] if info else "not answering")
-        _end(fleet, rollout.fleet_name)
+        close_named_fleet(rollout.fleet_name)
     pool = RewardPool(spec, num_workers, actor_options=DETACHED)
     try:
         fleet = start_named_fleet(actor_config, learner_address, pool.handles(), rollout.num_actors,
@@ -100,17 +99,3 @@ def _describe(fleet: ray.actor.ActorHandle) -> dict[str, Any] | None:
         return ray.get(fleet.describe.remote(), timeout=60)
     except (RayActorError, GetTimeoutError):
         return None
-
-
-def _end(fleet: ray.actor.ActorHandle, name: str, timeout_s: float = 60.0) -> None:
-    """Close a fleet (its actors and reward workers) and wait until its name is free again."""
-    try:
-        ray.get(fleet.close.remote(), timeout=timeout_s)
-    except (RayActorError, GetTimeoutError) as error:
-        log.warning("fleet %r did not close cleanly: %r", name, error)
-    ray.kill(fleet, no_restart=True)
-    deadline = time.monotonic() + timeout_s
-    while find_named_fleet(name) is not None:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"fleet {name!r} still exists {timeout_s:.0f} s after it was killed")
-        time.sleep(0.2)

@@ -155,3 +155,5 @@ class FleetSupervisor:
                 self.check()
             except (RayActorError, GetTimeoutError) as error:  # the fleet itself is busy or gone
                 log.warning("fleet check failed: %r", error)
+            except Exception:  # keep supervising (and touching the fleet, which otherwise shuts down)
+                log.exception("fleet check failed")

@@ -1,11 +1,14 @@
 """The fleet's own failure handling: an actor that dies right after every restart is restarted with
 growing back-off, then its slot is given up and the RL loop stops with the reason (instead of
 waiting for groups that never come); and a detached fleet whose driver is gone shuts itself and its
-reward workers down after orphan_timeout_s."""
+reward workers down after orphan_timeout_s (or at once with `python -m actors.fleet --close`)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -20,6 +23,7 @@ from learner.rl_loop import NoRolloutsError, RLLoop, RLLoopConfig
 from learner.service import LearnerService, ServiceConfig
 from rewards.pool import RewardPool, RewardSpec, WeightedReward
 
+ROOT = Path(__file__).resolve().parents[1]
 BACKOFF_S = 1.0
 MAX_QUICK_FAILURES = 3
 
@@ -81,3 +85,19 @@ def test_a_fleet_no_driver_touches_shuts_down_with_its_reward_workers(ray_sessio
     with pytest.raises(RayActorError):
         ray.get(worker.ready.remote(), timeout=30)
     assert 2.0 <= gone_s < 15, gone_s
+
+
+def test_the_fleet_cli_closes_a_fleet_a_stopped_run_left_behind(ray_session, tmp_path):
+    pool = RewardPool(RewardSpec(functions=[WeightedReward(ref="exact_match")]), 1,
+                      actor_options={"lifetime": "detached"})
+    [worker] = pool.handles()
+    start_named_fleet(ActorConfig(hf_dir=str(tmp_path)), "127.0.0.1:1", [worker], 0, name="left-behind")
+    gcs = ray.get_runtime_context().gcs_address
+    cli = [sys.executable, "-m", "actors.fleet", "--close", "--name", "left-behind", "--address", gcs]
+    closed = subprocess.run(cli, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert closed.returncode == 0 and closed.stdout.strip() == "closed left-behind", closed.stderr[-2000:]
+    assert find_named_fleet("left-behind") is None
+    with pytest.raises(RayActorError):
+        ray.get(worker.ready.remote(), timeout=30)
+    again = subprocess.run(cli, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and again.stdout.strip() == "no fleet named 'left-behind'"
