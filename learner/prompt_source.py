@@ -123,10 +123,9 @@ class PromptSource:
             key = self._parse_key(group_id)
             if key is None:
                 return PromptState.UNKNOWN
-            parsed = self._parse(group_id)
-            if parsed is None:
+            if not self._issued(*key):
                 return PromptState.UNISSUED
-            if self._is_retired(*parsed):
+            if self._is_retired(*key):
                 return PromptState.RETIRED
             lease = self._leases.get(group_id)
             if lease is None:
@@ -233,14 +232,13 @@ class PromptSource:
 
     def _parse(self, group_id: str) -> tuple[int, int] | None:
         """(epoch, index) of a key this source issued, else None."""
-        key = self._parse_key(group_id)
-        if key is None:
-            return None
-        epoch, index = key
         with self._lock:
-            if epoch > self._epoch or (epoch == self._epoch and self._order(epoch)[1][index] >= self._pos):
-                return None
-        return epoch, index
+            key = self._parse_key(group_id)
+            return key if key is not None and self._issued(*key) else None
+
+    def _issued(self, epoch: int, index: int) -> bool:
+        """Whether the cursor has passed this prompt of this epoch."""
+        return epoch < self._epoch or (epoch == self._epoch and self._order(epoch)[1][index] < self._pos)
 
     def _parse_key(self, group_id: str) -> tuple[int, int] | None:
         """(epoch, index) of a well-formed key of this dataset, up to the epoch after the cursor's."""
