@@ -38,6 +38,16 @@ ACTOR_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "f
 
 
 @dataclass
+class _Member:
+    """One live actor of the fleet."""
+
+    handle: ray.actor.ActorHandle
+    run: ray.ObjectRef  # its run() loop: finishes when the actor dies or the dataset is exhausted
+    started_at: float  # time.monotonic() of its spawn
+    quick_failures: int  # quick deaths in a row of its slot before it
+
+
+@dataclass
 class PendingRestart:
     """A replacement waiting out its back-off."""
 
@@ -69,10 +79,7 @@ class ActorFleet:
         self.restart = restart or RestartPolicy()
         self._remote_cls = ray.remote(RolloutActor)
         self._lifetime = {"lifetime": "detached"} if detached else {}
-        self._handles: dict[str, ray.actor.ActorHandle] = {}
-        self._runs: dict[str, ray.ObjectRef] = {}
-        self._started_at: dict[str, float] = {}  # actor id -> time.monotonic() of its spawn
-        self._quick_failures: dict[str, int] = {}  # actor id -> quick deaths in a row of its slot before it
+        self._members: dict[str, _Member] = {}  # by actor id, oldest first
         self._pending: list[PendingRestart] = []
         self._given_up: list[GivenUp] = []
         self._next_index = 0
@@ -82,7 +89,7 @@ class ActorFleet:
     def actors(self) -> dict[str, ray.actor.ActorHandle]:
         """Live actors by id, oldest first."""
         with self._lock:
-            return dict(self._handles)
+            return {actor_id: m.handle for actor_id, m in self._members.items()}
 
     def scale(self, n: int) -> list[str]:
         """Add or remove actors until ``n`` run or wait to restart (removing waiting restarts first,
@@ -90,15 +97,14 @@ class ActorFleet:
         if n < 0:
             raise ValueError(f"actor count must be >= 0, got {n}")
         with self._lock:
-            while len(self._handles) + len(self._pending) < n:
+            while len(self._members) + len(self._pending) < n:
                 self._spawn()
-            excess = len(self._handles) + len(self._pending) - n
-            while excess > 0 and self._pending:
-                self._pending.pop()
-                excess -= 1
-            for actor_id in list(self._handles)[len(self._handles) - max(excess, 0):][::-1]:
-                self._remove(actor_id, graceful=True)
-            return list(self._handles)
+            while len(self._members) + len(self._pending) > n:
+                if self._pending:
+                    self._pending.pop()
+                else:
+                    self._remove(next(reversed(self._members)), graceful=True)
+            return list(self._members)
 
     def replace_dead(self, actor_ids: list[str] | None = None) -> list[str]:
         """Replace dead actors; returns the ids of the replacements started now (others may wait
@@ -116,10 +122,10 @@ class ActorFleet:
         with self._lock:
             now = time.monotonic()
             replaced = {}
-            for actor_id in [a for a in actor_ids if a in self._handles]:
-                lived = now - self._started_at[actor_id]
-                quick = lived < self.restart.stable_after_s
-                failures = self._quick_failures[actor_id] + 1 if quick else 1
+            for actor_id in [a for a in actor_ids if a in self._members]:
+                member = self._members[actor_id]
+                lived = now - member.started_at
+                failures = member.quick_failures + 1 if lived < self.restart.stable_after_s else 1
                 self._remove(actor_id, graceful=False)
                 delay = self.restart.delay_s(failures)
                 if delay is None:
@@ -150,7 +156,7 @@ class ActorFleet:
         """Live actor ids, restarts waiting out a back-off, and slots given up (with the reason)."""
         with self._lock:
             now = time.monotonic()
-            return {"actors": list(self._handles),
+            return {"actors": list(self._members),
                     "pending": [{"replaces": p.replaces, "failures": p.failures, "in_s": max(0.0, p.due - now)}
                                 for p in self._pending],
                     "given_up": [asdict(g) for g in self._given_up]}
@@ -158,7 +164,7 @@ class ActorFleet:
     def dead(self) -> list[str]:
         """Actors whose process died or whose ``run()`` raised (Ray's view)."""
         with self._lock:
-            runs = dict(self._runs)
+            runs = {actor_id: m.run for actor_id, m in self._members.items()}
         if not runs:
             return []
         finished, _ = ray.wait(list(runs.values()), num_returns=len(runs), timeout=0)
@@ -194,7 +200,7 @@ class ActorFleet:
         """Point every actor (and every future one) at the learner's new address; returns the ids told."""
         with self._lock:
             self.learner_address = learner_address
-            handles = dict(self._handles)
+            handles = self.actors()
         refs = {actor_id: h.retarget.remote(learner_address) for actor_id, h in handles.items()}
         told = []
         for actor_id, ref in refs.items():
@@ -208,7 +214,7 @@ class ActorFleet:
     def wait(self, timeout_s: float | None = None) -> dict[str, dict]:
         """Block until every actor's ``run()`` has returned (dataset exhausted); returns their stats."""
         with self._lock:
-            runs = dict(self._runs)
+            runs = {actor_id: m.run for actor_id, m in self._members.items()}
         return dict(zip(runs, ray.get(list(runs.values()), timeout=timeout_s), strict=True))
 
     def shutdown(self) -> None:
@@ -224,17 +230,11 @@ class ActorFleet:
             resources={"rollout": 1}, num_cpus=self.config.num_cpus, max_concurrency=ACTOR_CONCURRENCY,
             max_restarts=0, runtime_env={"env_vars": ACTOR_ENV}, **self._lifetime,
         ).remote(actor_id, self.config, self.learner_address, self.reward_handles)
-        self._handles[actor_id] = handle
-        self._runs[actor_id] = handle.run.remote()
-        self._started_at[actor_id] = time.monotonic()
-        self._quick_failures[actor_id] = quick_failures
+        self._members[actor_id] = _Member(handle, handle.run.remote(), time.monotonic(), quick_failures)
         return actor_id
 
     def _remove(self, actor_id: str, *, graceful: bool) -> None:
-        handle = self._handles.pop(actor_id)
-        self._runs.pop(actor_id, None)
-        self._started_at.pop(actor_id, None)
-        self._quick_failures.pop(actor_id, None)
+        handle = self._members.pop(actor_id).handle
         if graceful:
             try:
                 ray.get(handle.stop.remote(), timeout=60)
