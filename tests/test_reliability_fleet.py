@@ -28,6 +28,13 @@ BACKOFF_S = 1.0
 MAX_QUICK_FAILURES = 3
 
 
+def detached_reward_worker():
+    """One reward worker that outlives its pool, as a run's fleet holds them."""
+    [worker] = RewardPool(RewardSpec(functions=[WeightedReward(ref="exact_match")]), 1,
+                          actor_options={"lifetime": "detached"}).handles()
+    return worker
+
+
 def test_a_crash_looping_actor_backs_off_is_given_up_and_the_run_stops_with_the_reason(ray_session, tmp_path):
     # an engine that cannot start: every RolloutActor dies in its constructor, seconds after its spawn
     config = ActorConfig(hf_dir=str(tmp_path / "no-such-model"), num_cpus=0)
@@ -69,9 +76,7 @@ def test_a_crash_looping_actor_backs_off_is_given_up_and_the_run_stops_with_the_
 
 
 def test_a_fleet_no_driver_touches_shuts_down_with_its_reward_workers(ray_session, tmp_path):
-    pool = RewardPool(RewardSpec(functions=[WeightedReward(ref="exact_match")]), 1,
-                      actor_options={"lifetime": "detached"})
-    [worker] = pool.handles()
+    worker = detached_reward_worker()
     fleet = start_named_fleet(ActorConfig(hf_dir=str(tmp_path)), "127.0.0.1:1", [worker], 0,
                               name="orphan-test", run_key="run-a", orphan_timeout_s=2.0)
     # a driver touching it keeps it: 4 s > the timeout
@@ -88,9 +93,7 @@ def test_a_fleet_no_driver_touches_shuts_down_with_its_reward_workers(ray_sessio
 
 
 def test_the_fleet_cli_closes_a_fleet_a_stopped_run_left_behind(ray_session, tmp_path):
-    pool = RewardPool(RewardSpec(functions=[WeightedReward(ref="exact_match")]), 1,
-                      actor_options={"lifetime": "detached"})
-    [worker] = pool.handles()
+    worker = detached_reward_worker()
     start_named_fleet(ActorConfig(hf_dir=str(tmp_path)), "127.0.0.1:1", [worker], 0, name="left-behind")
     gcs = ray.get_runtime_context().gcs_address
     cli = [sys.executable, "-m", "actors.fleet", "--close", "--name", "left-behind", "--address", gcs]
