@@ -346,16 +346,11 @@ def setup_process() -> None:
 def main_for(mode: Mode, argv: list[str] | None = None) -> int:
     """Entry point body of launch/<mode>.py; returns the process exit code."""
     setup_process()
-    try:
-        config = parse_config(mode, argv)
-        run = prepare(config, mode)
-    except ConfigError as error:
-        print(f"error: {error}")
-        return 2
     runner = {"rl": run_rl_mode, "eval": run_eval_mode}.get(mode)
-    try:
+    try:  # some config errors show only once running (e.g. the fleet name is taken on the cluster)
+        run = prepare(parse_config(mode, argv), mode)
         summary = runner(run) if runner else run_supervised_mode(run, mode)
-    except ConfigError as error:  # found only once running (e.g. the fleet name is taken on the cluster)
+    except ConfigError as error:
         print(f"error: {error}")
         return 2
     shown = ("mode", "steps", "model", "hf_final", "eval", "accounting", "accounting_violations")
