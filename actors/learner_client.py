@@ -14,6 +14,13 @@ it sends one probe now and then (with exponential back-off) to learn when space 
 few groups beyond what the learner has queued for it.
 
 Weights: `fetch_weights` stages a whole version and verifies it (actors/weight_staging.py).
+
+Identity: `register` returns this actor's own credential from the learner; the client attaches it to
+every later call (next to the run's shared token, when one is set) and registers again when a call is
+refused UNAUTHENTICATED (a restarted learner, or an expired registration), presenting the credential
+it holds so that the learner renews it rather than starting a new incarnation. A client whose
+registration was superseded by another client of the same actor id (PERMISSION_DENIED) does not take
+the id back: its calls fail and its group stream closes the client.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import grpc
 
 from actors.weight_staging import StagedWeights, WeightTransferError, stage_weights
 from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
+from tandem_wire.limits import CREDENTIAL_METADATA_KEY, MAX_DETAIL_CHARS
 
 __all__ = [
     "LearnerClient",
@@ -52,6 +60,9 @@ FINAL_STATUSES = {
     pb.ACK_STATUS_INVALID: "invalid",
 }
 PROBE_DELAY_S = (0.05, 2.0)  # back-off range of credit probes and of reconnects
+# A group stream ending with one of these is routine (a learner restart, an idle stream cancelled, a
+# registration the learner no longer knows): reconnect quietly.
+EXPECTED_STREAM_ENDS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAUTHENTICATED)
 CLIENT_CHANNEL_OPTIONS = [  # reconnect quickly after a learner restart (gRPC's default is up to 120 s)
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -96,7 +107,9 @@ class LearnerClient:
         self.address = address
         self.actor_id = actor_id
         self._call_timeout_s = call_timeout_s
-        self._metadata = ((AUTH_METADATA_KEY, f"Bearer {auth_token}"),) if auth_token else ()
+        self._token_metadata = ((AUTH_METADATA_KEY, f"Bearer {auth_token}"),) if auth_token else ()
+        self._credential: str | None = None  # this actor's credential, from the last Register
+        self._register_lock = threading.Lock()  # one registration at a time (renewals must not race)
         self._tls_ca_path = tls_ca_path
         self._channel = self._open_channel(address)
         self._stub = rpc.LearnerStub(self._channel)
@@ -114,6 +127,7 @@ class LearnerClient:
         self._stream_thread: threading.Thread | None = None
         self._stream_call: Any = None
         self._closed = False
+        self._closed_reason = "client is closed"
         self._counts: Counter[str] = Counter()
         self.rejections: deque[tuple[str, str, str]] = deque(maxlen=100)  # (group_id, status, detail)
 
@@ -121,20 +135,23 @@ class LearnerClient:
 
     def register(self, capabilities: dict[str, Any], weight_version: int) -> RegisterInfo:
         """Announce this actor (ActorCapabilities fields) and the weight version it serves (-1 = none)."""
-        return self._register(capabilities, weight_version, timeout=None)
+        with self._register_lock:
+            return self._register(capabilities, weight_version, timeout=None)
 
     def _register(
         self, capabilities: dict[str, Any], weight_version: int, timeout: float | None
     ) -> RegisterInfo:
+        """One Register call (the caller holds _register_lock), presenting the credential held."""
         request = pb.RegisterRequest(
             wire_version=WIRE_VERSION,
             actor_id=self.actor_id,
             capabilities=pb.ActorCapabilities(**capabilities),
             weight_version=weight_version,
         )
-        reply = self._unary("Register", request, timeout)
+        reply = self._call("Register", request, timeout, self._current_credential())
         with self._cond:
             self._registration = (dict(capabilities), weight_version)
+            self._credential = reply.credential or None
             self._server_credits = reply.credits
             self._latest_version = reply.latest_version
             self._cond.notify_all()
@@ -142,11 +159,22 @@ class LearnerClient:
             reply.latest_version, reply.heartbeat_interval_ms / 1000.0, reply.credits, reply.max_staleness
         )
 
+    def _renew(self, failed: str | None, timeout: float | None = None) -> bool:
+        """Register again after `failed` (the credential a call presented) was refused; False when
+        there is no registration to repeat. Skipped when another thread already renewed it."""
+        with self._register_lock:
+            with self._cond:
+                registration, current = self._registration, self._credential
+            if registration is None:
+                return False
+            if current == failed:
+                self._register(*registration, timeout=timeout)
+            return True
+
     def heartbeat(
         self, weight_version: int, groups_in_flight: int = 0, tokens_per_second: float = 0.0
     ) -> int:
-        """Report liveness; returns the latest published version. Re-registers if the learner
-        forgot this actor (e.g. after a learner restart)."""
+        """Report liveness; returns the latest published version."""
         reply = self._unary(
             "Heartbeat",
             pb.HeartbeatRequest(
@@ -159,9 +187,6 @@ class LearnerClient:
         )
         with self._cond:
             self._latest_version = reply.latest_version
-            registration = self._registration
-        if not reply.registered and registration is not None:
-            return self.register(registration[0], weight_version).latest_version
         return reply.latest_version
 
     def lease_prompts(self, max_prompts: int) -> tuple[list[PromptLease], bool]:
@@ -169,15 +194,7 @@ class LearnerClient:
         request = pb.LeasePromptsRequest(
             wire_version=WIRE_VERSION, actor_id=self.actor_id, max_prompts=max_prompts
         )
-        try:
-            reply = self._unary("LeasePrompts", request)
-        except grpc.RpcError as error:
-            with self._cond:
-                registration = self._registration
-            if error.code() != grpc.StatusCode.FAILED_PRECONDITION or registration is None:
-                raise
-            self.register(*registration)
-            reply = self._unary("LeasePrompts", request)
+        reply = self._unary("LeasePrompts", request)
         leases = [PromptLease(p.group_id, list(p.token_ids), p.text, dict(p.metadata)) for p in reply.prompts]
         return leases, reply.exhausted
 
@@ -197,7 +214,7 @@ class LearnerClient:
             group.wire_version = WIRE_VERSION
         with self._cond:
             if self._closed:
-                raise RuntimeError("client is closed")
+                raise RuntimeError(self._closed_reason)
             if group.group_id in self._unacked:
                 raise ValueError(f"group {group.group_id!r} is already waiting for an ack")
             self._unacked[group.group_id] = group
@@ -247,7 +264,7 @@ class LearnerClient:
         start = time.monotonic()
         call = self._stub.FetchWeights(
             pb.FetchWeightsRequest(wire_version=WIRE_VERSION, actor_id=self.actor_id, version=version),
-            metadata=self._metadata,
+            metadata=self._metadata(self._current_credential()),
             wait_for_ready=False,  # a learner that is down fails the fetch now; the old weights keep serving
         )
         try:
@@ -264,13 +281,14 @@ class LearnerClient:
     def report_weights(
         self, version: int, applied: bool, detail: str = "", stall_s: float = 0.0, transfer_s: float = 0.0
     ) -> None:
+        """Tell the learner whether `version` was applied (a long `detail` is cut to the learner's bound)."""
         self._unary(
             "ReportWeights",
             pb.WeightReport(
                 actor_id=self.actor_id,
                 version=version,
                 applied=applied,
-                detail=detail,
+                detail=detail[:MAX_DETAIL_CHARS],
                 stall_seconds=stall_s,
                 transfer_seconds=transfer_s,
             ),
@@ -323,11 +341,31 @@ class LearnerClient:
             return grpc.secure_channel(address, credentials, options=options)
         return grpc.insecure_channel(address, options=options)
 
+    def _current_credential(self) -> str | None:
+        with self._cond:
+            return self._credential
+
+    def _metadata(self, credential: str | None) -> tuple[tuple[str, str], ...]:
+        """The shared token (when set) and `credential` (when held), as call metadata."""
+        return self._token_metadata + (((CREDENTIAL_METADATA_KEY, credential),) if credential else ())
+
     def _unary(self, method: str, request: Any, timeout: float | None = None) -> Any:
+        """One unary call with this actor's credential; refused UNAUTHENTICATED (the learner does not
+        know the credential), it registers again and repeats the call once."""
+        credential = self._current_credential()
+        try:
+            return self._call(method, request, timeout, credential)
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.UNAUTHENTICATED or not self._renew(credential, timeout):
+                raise
+        return self._call(method, request, timeout, self._current_credential())
+
+    def _call(self, method: str, request: Any, timeout: float | None, credential: str | None) -> Any:
         """One unary call; ``method`` names a stub method (looked up now: ``retarget`` swaps the stub)."""
         try:
             return getattr(self._stub, method)(
-                request, metadata=self._metadata, timeout=timeout or self._call_timeout_s, wait_for_ready=True
+                request, metadata=self._metadata(credential), timeout=timeout or self._call_timeout_s,
+                wait_for_ready=True
             )
         except grpc.RpcError as error:
             # CANCELLED: the channel was closed under the call by retarget()
@@ -357,7 +395,7 @@ class LearnerClient:
                 self._awaiting.clear()
                 self._cond.notify_all()
             call = self._stub.StreamGroups(
-                self._requests(epoch), metadata=self._metadata, wait_for_ready=True
+                self._requests(epoch), metadata=self._metadata(self._current_credential()), wait_for_ready=True
             )
             with self._cond:
                 self._stream_call = call
@@ -366,7 +404,10 @@ class LearnerClient:
                     self._on_ack(ack)
                     backoff = PROBE_DELAY_S[0]
             except grpc.RpcError as error:
-                expected = error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+                if error.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    self._close_superseded(error)
+                    return
+                expected = error.code() in EXPECTED_STREAM_ENDS
                 log.log(
                     logging.INFO if expected else logging.WARNING,
                     "group stream to %s broke: %s %s",
@@ -389,14 +430,27 @@ class LearnerClient:
             registration = self._registration
         while registration is not None:
             try:
-                self._register(*registration, timeout=PROBE_DELAY_S[1])
+                with self._register_lock:
+                    self._register(*registration, timeout=PROBE_DELAY_S[1])
                 return
             except (LearnerUnavailable, grpc.RpcError) as error:
+                if isinstance(error, grpc.RpcError) and error.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    self._close_superseded(error)
+                    return
                 log.info("re-register with %s failed: %s", self.address, error)
                 with self._cond:
                     if self._closed:
                         return
                     self._cond.wait(PROBE_DELAY_S[1])
+
+    def _close_superseded(self, error: grpc.RpcError) -> None:
+        """Another client registered this actor id after us: stop, rather than take the id back."""
+        log.error("%s: registration superseded by another client of the same actor id: %s", self.actor_id,
+                  error.details())
+        with self._cond:
+            self._closed = True
+            self._closed_reason = f"registration of {self.actor_id!r} superseded: {error.details()}"
+            self._cond.notify_all()
 
     def _requests(self, epoch: int) -> Iterator[pb.ScoredGroup]:
         """The request side of one StreamGroups call: sends while credits allow, else probes."""

@@ -21,6 +21,12 @@ Prompts (one prompt = one group id) balance too:
 
 (a lease of a prompt that had been leased before is a re-issue; outstanding prompts are leased,
 waiting for re-issue, or held by a queued group).
+
+Besides the balance, the server counts what it refused or lost outside the group outcomes
+(SERVICE_COUNTERS): internal errors, groups from an actor that does not hold the prompt's lease (a
+part of groups_invalid), calls refused for bad input, a bad credential or a full limit, weight
+reports naming an unpublished version, streams closed as idle, and registrations that superseded
+another one of the same actor id.
 """
 
 from __future__ import annotations
@@ -42,20 +48,37 @@ GROUP_COUNTERS = (
     "completions_unscorable",
     "prompts_too_long",
 )
+SERVICE_COUNTERS = (
+    "internal_errors",
+    "lease_violations",
+    "requests_invalid",
+    "credentials_refused",
+    "weight_reports_refused",
+    "calls_refused_busy",
+    "streams_idle_closed",
+    "actors_superseded",
+)
+COUNTERS = GROUP_COUNTERS + SERVICE_COUNTERS
 
 
 class Accounting:
-    """Thread-safe monotone counters of the group outcomes (names in GROUP_COUNTERS)."""
+    """Thread-safe monotone counters of the group outcomes and refusals (names in COUNTERS)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(GROUP_COUNTERS, 0)
+        self._counts = dict.fromkeys(COUNTERS, 0)
 
     def add(self, name: str, amount: int = 1) -> None:
-        if name not in self._counts:
-            raise KeyError(f"unknown counter {name!r}")
+        self.add_all({name: amount})
+
+    def add_all(self, amounts: Mapping[str, int]) -> None:
+        """Add several counters at once (one admission decision's), all or none."""
+        unknown = set(amounts) - self._counts.keys()
+        if unknown:
+            raise KeyError(f"unknown counters {sorted(unknown)}")
         with self._lock:
-            self._counts[name] += amount
+            for name, amount in amounts.items():
+                self._counts[name] += amount
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
@@ -63,11 +86,11 @@ class Accounting:
 
     def load(self, counts: Mapping[str, int]) -> None:
         """Restore counters saved by snapshot(); unknown names are an error, missing ones are 0."""
-        unknown = set(counts) - set(GROUP_COUNTERS)
+        unknown = set(counts) - set(COUNTERS)
         if unknown:
             raise KeyError(f"unknown counters {sorted(unknown)}")
         with self._lock:
-            self._counts = {name: int(counts.get(name, 0)) for name in GROUP_COUNTERS}
+            self._counts = {name: int(counts.get(name, 0)) for name in COUNTERS}
 
 
 def balance_violations(counts: Mapping[str, int]) -> list[str]:

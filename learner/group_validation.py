@@ -1,8 +1,9 @@
 """Scored groups as the trainer sees them, and the checks that turn wire messages into them.
 
 `parse_group` is the single gate between untrusted bytes and the learner: anything it lets
-through has consistent shapes, finite non-positive logprobs, in-range token ids and a reward or an
-unscorable reason per completion. It raises InvalidGroup with a specific detail otherwise.
+through has consistent shapes, finite non-positive logprobs, in-range token ids, a reward or an
+unscorable reason per completion, and every string and number within its documented bound
+(tandem_wire/limits.py). It raises InvalidInput with a specific detail otherwise.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from learner.wire_bounds import InvalidInput, check_metadata, check_nonnegative, check_text, shown
 from tandem_wire import WIRE_VERSION, pb
+from tandem_wire.limits import MAX_DETAIL_CHARS, MAX_GROUP_SIZE, MAX_ID_CHARS, MAX_TEXT_CHARS
 
 FINISH_REASONS = {
     pb.FINISH_REASON_STOP: "stop",
@@ -56,49 +59,45 @@ class GroupLimits:
     max_prompt_tokens: int = 0
 
 
-class InvalidGroup(ValueError):
-    """A scored group that fails validation; the message is the ack's detail."""
-
-
 def parse_group(msg: pb.ScoredGroup, limits: GroupLimits) -> GroupRecord:
-    """Validate a wire group and convert it; raises InvalidGroup(detail) on the first problem."""
+    """Validate a wire group and convert it; raises InvalidInput(detail) on the first problem."""
     if msg.wire_version != WIRE_VERSION:
-        raise InvalidGroup(
+        raise InvalidInput(
             f"unsupported wire_version {msg.wire_version} (this learner speaks {WIRE_VERSION})"
         )
-    if not msg.group_id:
-        raise InvalidGroup("empty group_id")
-    if not msg.actor_id:
-        raise InvalidGroup("empty actor_id")
+    check_text("group_id", msg.group_id, MAX_ID_CHARS, printable=True, required=True)
+    check_text("actor_id", msg.actor_id, MAX_ID_CHARS, printable=True, required=True)
     if msg.policy_version < 0:
-        raise InvalidGroup(f"negative policy_version {msg.policy_version}")
+        raise InvalidInput(f"negative policy_version {msg.policy_version}")
     if msg.policy_version > limits.latest_version:
-        raise InvalidGroup(
+        raise InvalidInput(
             f"policy_version {msg.policy_version} is newer than the latest published "
             f"version {limits.latest_version}"
         )
     prompt_ids = list(msg.prompt_token_ids)
     if msg.rejected_reason:
         if msg.rejected_reason not in REJECTED_REASONS:
-            raise InvalidGroup(
-                f"unknown rejected_reason {msg.rejected_reason!r} (allowed: {REJECTED_REASONS})"
+            raise InvalidInput(
+                f"unknown rejected_reason {shown(msg.rejected_reason)} (allowed: {REJECTED_REASONS})"
             )
         if msg.completions:
-            raise InvalidGroup("a rejected prompt must carry no completions")
+            raise InvalidInput("a rejected prompt must carry no completions")
         return _record(msg, prompt_ids, [])
     if not prompt_ids:
-        raise InvalidGroup("empty prompt_token_ids")
+        raise InvalidInput("empty prompt_token_ids")
     if limits.max_prompt_tokens and len(prompt_ids) > limits.max_prompt_tokens:
-        raise InvalidGroup(
+        raise InvalidInput(
             f"prompt has {len(prompt_ids)} tokens > max_prompt_tokens {limits.max_prompt_tokens}"
         )
     _check_token_ids("prompt_token_ids", prompt_ids, limits.vocab_size)
     if not msg.completions:
-        raise InvalidGroup("no completions")
+        raise InvalidInput("no completions")
     if limits.group_size and len(msg.completions) != limits.group_size:
-        raise InvalidGroup(
+        raise InvalidInput(
             f"group has {len(msg.completions)} completions, expected group_size {limits.group_size}"
         )
+    if len(msg.completions) > MAX_GROUP_SIZE:
+        raise InvalidInput(f"group has {len(msg.completions)} completions > {MAX_GROUP_SIZE}")
     completions = [_parse_completion(i, c, limits.vocab_size) for i, c in enumerate(msg.completions)]
     return _record(msg, prompt_ids, completions)
 
@@ -108,24 +107,26 @@ def _parse_completion(i: int, c: pb.Completion, vocab_size: int | None) -> Compl
     token_ids = list(c.token_ids)
     logprobs = list(c.logprobs)
     if not token_ids:
-        raise InvalidGroup(f"{where}: empty token_ids")
+        raise InvalidInput(f"{where}: empty token_ids")
     if len(logprobs) != len(token_ids):
-        raise InvalidGroup(f"{where}: {len(logprobs)} logprobs for {len(token_ids)} tokens")
+        raise InvalidInput(f"{where}: {len(logprobs)} logprobs for {len(token_ids)} tokens")
     _check_token_ids(f"{where} token_ids", token_ids, vocab_size)
     values = np.asarray(logprobs, dtype=np.float64)
     if not np.isfinite(values).all():
-        raise InvalidGroup(f"{where}: non-finite logprob")
+        raise InvalidInput(f"{where}: non-finite logprob")
     if (values > 0).any():
-        raise InvalidGroup(f"{where}: positive logprob {values.max()}")
+        raise InvalidInput(f"{where}: positive logprob {values.max()}")
     if c.finish_reason not in FINISH_REASONS:
-        raise InvalidGroup(f"{where}: finish_reason {c.finish_reason} is not stop/length/abort")
+        raise InvalidInput(f"{where}: finish_reason {c.finish_reason} is not stop/length/abort")
     score = c.WhichOneof("score")
     if score is None:
-        raise InvalidGroup(f"{where}: neither reward nor unscorable_reason")
+        raise InvalidInput(f"{where}: neither reward nor unscorable_reason")
     if score == "reward" and not np.isfinite(c.reward):
-        raise InvalidGroup(f"{where}: non-finite reward {c.reward}")
+        raise InvalidInput(f"{where}: non-finite reward {c.reward}")
     if score == "unscorable_reason" and not c.unscorable_reason:
-        raise InvalidGroup(f"{where}: empty unscorable_reason")
+        raise InvalidInput(f"{where}: empty unscorable_reason")
+    check_text(f"{where}: unscorable_reason", c.unscorable_reason, MAX_DETAIL_CHARS)
+    check_text(f"{where}: text", c.text, MAX_TEXT_CHARS)
     return CompletionRecord(
         token_ids=token_ids,
         logprobs=logprobs,
@@ -139,24 +140,28 @@ def _parse_completion(i: int, c: pb.Completion, vocab_size: int | None) -> Compl
 def _check_token_ids(what: str, token_ids: list[int], vocab_size: int | None) -> None:
     low, high = min(token_ids), max(token_ids)
     if low < 0:
-        raise InvalidGroup(f"{what}: negative token id {low}")
+        raise InvalidInput(f"{what}: negative token id {low}")
     if vocab_size is not None and high >= vocab_size:
-        raise InvalidGroup(f"{what}: token id {high} >= vocab_size {vocab_size}")
+        raise InvalidInput(f"{what}: token id {high} >= vocab_size {vocab_size}")
 
 
 def _record(msg: pb.ScoredGroup, prompt_ids: list[int], completions: list[CompletionRecord]) -> GroupRecord:
+    t = msg.timings
     return GroupRecord(
         group_id=msg.group_id,
         actor_id=msg.actor_id,
         policy_version=msg.policy_version,
         prompt_ids=prompt_ids,
         completions=completions,
-        metadata=dict(msg.metadata),
+        metadata=check_metadata(msg.metadata),
         rejected_reason=msg.rejected_reason or None,
         timings={
-            "sample_seconds": msg.timings.sample_seconds,
-            "score_seconds": msg.timings.score_seconds,
-            "sampled_at": msg.timings.sampled_at,
+            name: check_nonnegative(f"timings.{name}", value)
+            for name, value in (
+                ("sample_seconds", t.sample_seconds),
+                ("score_seconds", t.score_seconds),
+                ("sampled_at", t.sampled_at),
+            )
         },
         received_at=time.time(),
     )

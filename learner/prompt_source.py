@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 STATE_FORMAT = 1
+MAX_EARLIER_HOLDERS = 8  # per outstanding prompt; a late copy from an older holder is refused
 
 
 class PromptState(enum.Enum):
@@ -45,11 +46,21 @@ class LeasedPrompt:
     metadata: dict[str, str]
 
 
+@dataclass(frozen=True)
+class LeaseInfo:
+    """Who may answer an outstanding prompt: its holder ("" = restored from a checkpoint, holder
+    unknown) and the earlier holders, whose leases expired before it was re-issued."""
+
+    holder: str
+    earlier: tuple[str, ...]
+
+
 @dataclass
 class _Lease:
     actor_id: str
     expires_at: float
     held: bool = False
+    earlier: tuple[str, ...] = ()  # earlier holders, oldest first (at most MAX_EARLIER_HOLDERS)
 
 
 class PromptSource:
@@ -99,7 +110,9 @@ class PromptSource:
                 if not lease.held and lease.expires_at <= now
             )
             for _, key in expired[:max_prompts]:
-                self._leases[key] = _Lease(actor_id, now + lease_seconds)
+                old = self._leases[key]
+                earlier = old.earlier if old.actor_id in ("", *old.earlier) else (*old.earlier, old.actor_id)
+                self._leases[key] = _Lease(actor_id, now + lease_seconds, earlier=earlier[-MAX_EARLIER_HOLDERS:])
                 self._counts["prompts_reissued"] += 1
                 keys.append(key)
             while len(keys) < max_prompts and not self._cursor_at_end():
@@ -131,6 +144,14 @@ class PromptSource:
             if lease is None:
                 return PromptState.UNKNOWN
             return PromptState.HELD if lease.held else PromptState.OUTSTANDING
+
+    def lease_info(self, group_id: str) -> LeaseInfo | None:
+        """The lease of an outstanding prompt (None if it is not outstanding)."""
+        with self._lock:
+            lease = self._leases.get(group_id)
+            if lease is None:
+                return None
+            return LeaseInfo(lease.actor_id, lease.earlier)
 
     def prompt(self, group_id: str) -> Mapping[str, Any]:
         """The dataset row of a known key."""

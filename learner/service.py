@@ -1,4 +1,4 @@
-"""The learner's gRPC server (tandem_wire `Learner` service) and the trainer-facing API, in one object.
+"""The learner's gRPC server (tandem_wire `Learner` service) and the trainer-facing API.
 
 Actors register, heartbeat, lease prompts from the learner's PromptSource, stream scored groups
 (answered per group with QUEUED / DUPLICATE / STALE / INVALID / RETRY plus credits, and later with
@@ -13,18 +13,29 @@ their actors still hold them (they were only QUEUED, never CONSUMED) and send th
 After load_state_dict() the trainer should publish its restored weights again (the restored
 version number is allowed once) so that actors can fetch them.
 
-Threads: gRPC runs each call on its pool (a StreamGroups call holds one pool thread plus one
-reader thread for its lifetime, so `max_workers` must exceed the number of connected actors,
-with room for their unary calls); all shared state is guarded by one condition variable.
+Who may do what: every call needs the run's shared token when one is set (learner/auth.py).
+Register returns the actor's own credential (learner/actor_registry.py); Heartbeat, LeasePrompts,
+StreamGroups and ReportWeights must carry it and may only act as that actor. FetchWeights and
+Status only read. Every field is checked against its documented bound at the door
+(learner/request_checks.py, learner/group_validation.py), and what each group gets is the
+admission table's decision (learner/admission.py): the servicer decodes, asks, applies, encodes.
+
+Threads: gRPC runs each call on one pool of max_streams + max_weight_streams + unary_workers
+workers. Group streams (at most max_streams, max_streams_per_actor per actor) and weight streams
+(at most max_weight_streams) hold a worker each for their lifetime; a call past a cap is refused
+RESOURCE_EXHAUSTED at once, so `unary_workers` always remain for the short calls. A group stream
+also has a reader thread (learner/group_stream.py). Long calls without progress for
+stream_idle_timeout_s are cancelled. All shared state is guarded by one condition variable.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
-import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,20 +44,29 @@ from typing import Any
 import grpc
 import numpy as np
 
+from learner import request_checks
 from learner.accounting import Accounting, balance_violations
-from learner.auth import BearerTokenInterceptor
-from learner.group_queue import GroupQueue, is_stale
-from learner.group_validation import (
-    CompletionRecord,
-    GroupLimits,
-    GroupRecord,
-    InvalidGroup,
-    parse_group,
+from learner.actor_registry import (
+    ActorRecord,
+    ActorRegistry,
+    ActorView,
+    CredentialRefused,
+    RegistryFull,
+    UnknownCredential,
 )
+from learner.admission import Decision, Effect, PromptFacts, Rules, Sender, decide, examine, internal_error
+from learner.auth import BearerTokenInterceptor
+from learner.call_limits import AtCapacity, CallSlots, IdleReaper
+from learner.group_queue import GroupQueue, is_stale
+from learner.group_stream import GroupStream
+from learner.group_validation import CompletionRecord, GroupLimits, GroupRecord
 from learner.prompt_source import PromptSource, PromptState
 from learner.tolerant_handlers import Undecodable, add_tolerant_learner_servicer
 from learner.weight_publisher import WeightPublisher, pack_weights
-from tandem_wire import WEIGHT_CHUNK_BYTES, WIRE_VERSION, grpc_options, pb, rpc
+from learner.weight_versions import UnknownWeightVersion, WeightVersions
+from learner.wire_bounds import InvalidInput, check_int
+from tandem_wire import WEIGHT_CHUNK_BYTES, grpc_options, pb, rpc
+from tandem_wire.limits import CREDENTIAL_METADATA_KEY, MAX_ACK_DETAIL_CHARS, MAX_ID_CHARS
 
 __all__ = [
     "LearnerService",
@@ -61,8 +81,7 @@ log = logging.getLogger(__name__)
 
 STATE_FORMAT = 1
 MAX_PROMPTS_PER_LEASE = 1024
-ACK_BUFFER = 4096  # acks waiting for a slow reader, per stream; beyond it the reader blocks
-_END = object()  # sentinel closing a stream's ack buffer
+WARNING_INTERVAL_S = 10.0  # at most one warning about re-registrations per interval
 
 
 @dataclass(frozen=True)
@@ -82,49 +101,76 @@ class ServiceConfig:
     weight_chunk_bytes: int = WEIGHT_CHUNK_BYTES
     tls_cert_path: str | None = None  # PEM; TLS when both cert and key are set
     tls_key_path: str | None = None
-    max_workers: int = 256  # each connected actor's group stream holds one worker
     max_actors: int = 4096  # registered actors kept; silent ones are evicted first
+    max_streams: int = 256  # concurrent group streams, all actors together (one per actor is normal)
+    max_streams_per_actor: int = 2  # room for a reconnect while the old stream is torn down
+    max_weight_streams: int = 32  # concurrent FetchWeights calls
+    unary_workers: int = 32  # workers left for Register, Heartbeat, LeasePrompts, ReportWeights, Status
+    # a group stream that receives and sends nothing (or a weight stream not read) this long is
+    # cancelled; honest actors send at least once per generate call (rollout.generate_timeout_s)
+    stream_idle_timeout_s: float = 600.0
     mode: str = "rl"
 
 
-@dataclass
-class ActorView:
-    """What the learner knows of one actor (actors_status())."""
-
-    actor_id: str
-    weight_version: int
-    seconds_since_heartbeat: float
-    groups_in_flight: int
-    tokens_per_second: float
-    stale: bool
-    capabilities: dict[str, Any]
-    last_weight_report: dict[str, Any] | None
+class WeightsNotHeld(LookupError):
+    """FetchWeights of a version the learner does not hold (NOT_FOUND)."""
 
 
-@dataclass
-class _Actor:
-    capabilities: dict[str, Any]
-    weight_version: int
-    last_seen: float
-    groups_in_flight: int = 0
-    tokens_per_second: float = 0.0
-    last_weight_report: dict[str, Any] | None = None
+# How a refusal raised inside an RPC is answered, and the counter it adds to (first match wins).
+REFUSALS: tuple[tuple[type[Exception], grpc.StatusCode, str | None], ...] = (
+    (UnknownWeightVersion, grpc.StatusCode.INVALID_ARGUMENT, "weight_reports_refused"),
+    (InvalidInput, grpc.StatusCode.INVALID_ARGUMENT, "requests_invalid"),
+    (UnknownCredential, grpc.StatusCode.UNAUTHENTICATED, "credentials_refused"),
+    (CredentialRefused, grpc.StatusCode.PERMISSION_DENIED, "credentials_refused"),
+    (AtCapacity, grpc.StatusCode.RESOURCE_EXHAUSTED, "calls_refused_busy"),
+    (RegistryFull, grpc.StatusCode.RESOURCE_EXHAUSTED, "calls_refused_busy"),
+    (WeightsNotHeld, grpc.StatusCode.NOT_FOUND, None),
+)
+
+
+def served(method: Callable) -> Callable:
+    """Wraps an RPC method: a refusal it raises (REFUSALS) is answered with its status and counted;
+    anything else is logged with its traceback, counted as an internal error and answered INTERNAL."""
+    if inspect.isgeneratorfunction(method):
+
+        @functools.wraps(method)
+        def streaming(self: LearnerService, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            try:
+                yield from method(self, request, context)
+            except Exception as error:
+                self._refuse(context, method.__name__, error)
+
+        return streaming
+
+    @functools.wraps(method)
+    def unary(self: LearnerService, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except Exception as error:
+            self._refuse(context, method.__name__, error)
+
+    return unary
 
 
 class LearnerService(rpc.LearnerServicer):
     """gRPC servicer of tandem's Learner service plus the trainer-facing API."""
 
     def __init__(self, prompts: PromptSource, config: ServiceConfig | None = None) -> None:
-        self.config = config or ServiceConfig()
+        self.config = cfg = config or ServiceConfig()
         self._prompts = prompts
         self._cond = threading.Condition(threading.RLock())
-        self._queue = GroupQueue(self.config.queue_capacity)
+        self._queue = GroupQueue(cfg.queue_capacity)
         self._accounting = Accounting()
         self._weights = WeightPublisher()
+        self._versions = WeightVersions()
         self._latest_version = 0
         self._step = 0
-        self._actors: dict[str, _Actor] = {}
-        self._sinks: dict[str, queue.Queue] = {}  # actor_id -> ack buffer of its current stream
+        self._registry = ActorRegistry(cfg.max_actors, cfg.actor_timeout_s)
+        self._group_streams = CallSlots("group streams", cfg.max_streams, cfg.max_streams_per_actor)
+        self._weight_streams = CallSlots("weight streams", cfg.max_weight_streams)
+        self._reaper = IdleReaper(cfg.stream_idle_timeout_s, self._reaped)
+        self._sinks: dict[str, GroupStream] = {}  # actor_id -> its current group stream
+        self._warned_at = -WARNING_INTERVAL_S
         self._server: grpc.Server | None = None
         self._stopped = False
 
@@ -135,8 +181,9 @@ class LearnerService(rpc.LearnerServicer):
         if self._server is not None:
             raise RuntimeError("service already started")
         cfg = self.config
+        workers = cfg.max_streams + cfg.max_weight_streams + cfg.unary_workers
         server = grpc.server(
-            ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="tandem-learner"),
+            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tandem-learner"),
             options=self._server_options(),
             interceptors=[BearerTokenInterceptor(cfg.auth_token)] if cfg.auth_token else [],
         )
@@ -151,6 +198,7 @@ class LearnerService(rpc.LearnerServicer):
         else:
             port = server.add_insecure_port(address)
         server.start()
+        self._reaper.start()
         self._server = server
         return f"{address.rsplit(':', 1)[0]}:{port}"
 
@@ -158,10 +206,11 @@ class LearnerService(rpc.LearnerServicer):
         """Stop serving; pending next_batch calls return what they have."""
         if self._server is not None:
             self._server.stop(grace).wait()
+        self._reaper.stop()
         with self._cond:
             self._stopped = True
-            for sink in self._sinks.values():
-                _offer(sink, _END)
+            for stream in self._sinks.values():
+                stream.close()
             self._sinks.clear()
             self._cond.notify_all()
 
@@ -225,6 +274,7 @@ class LearnerService(rpc.LearnerServicer):
         with self._cond:
             self._check_publishable(version)
             self._weights.publish(weights)
+            self._versions.published(version)
             self._latest_version = version
 
     def set_step(self, step: int) -> None:
@@ -252,21 +302,8 @@ class LearnerService(rpc.LearnerServicer):
 
     def actors_status(self) -> list[ActorView]:
         """Every registered actor; `stale` ones have not been heard from for actor_timeout_s."""
-        now = time.monotonic()
         with self._cond:
-            return [
-                ActorView(
-                    actor_id,
-                    a.weight_version,
-                    now - a.last_seen,
-                    a.groups_in_flight,
-                    a.tokens_per_second,
-                    now - a.last_seen > self.config.actor_timeout_s,
-                    dict(a.capabilities),
-                    a.last_weight_report,
-                )
-                for actor_id, a in sorted(self._actors.items())
-            ]
+            return self._registry.views()
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable exactly-once state for the checkpoint (prompts, counters, versions)."""
@@ -293,62 +330,50 @@ class LearnerService(rpc.LearnerServicer):
             self._accounting.add("groups_forgotten_on_restart", int(state["unconsumed_groups"]))
             self._step = int(state["step"])
             self._latest_version = int(state["latest_version"])
+            self._versions.restored(self._latest_version)
 
     # ================================================================== RPCs
 
+    @served
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterReply:
-        _check_caller(request, context)
-        c = request.capabilities
-        capabilities = {
-            "engine": c.engine,
-            "model_family": c.model_family,
-            "max_model_len": c.max_model_len,
-            "group_size": c.group_size,
-            "host": c.host,
-        }
+        actor_id = request_checks.caller(_decoded(request))
+        capabilities = request_checks.capabilities(request.capabilities)
+        version = request_checks.served_version(request.weight_version)
         with self._cond:
-            actor = self._actors.get(request.actor_id)
-            if actor is None:
-                if not self._make_room_for_an_actor():
-                    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many live actors registered")
-                self._actors[request.actor_id] = _Actor(
-                    capabilities, request.weight_version, time.monotonic()
-                )
-            else:
-                actor.capabilities, actor.weight_version = capabilities, request.weight_version
-                actor.last_seen = time.monotonic()
+            registration = self._registry.register(actor_id, capabilities, self._versions.served(version),
+                                                   _credential(context))
+            if registration.superseded_seen_s is not None:
+                self._accounting.add("actors_superseded")
+                self._warn_throttled("actor %r registered again without its credential; its previous "
+                                     "registration (heard from %.1f s ago) is revoked: a restarted actor, or a "
+                                     "client claiming its id", actor_id, registration.superseded_seen_s)
             return pb.RegisterReply(
                 latest_version=self._latest_version,
                 heartbeat_interval_ms=int(self.config.heartbeat_interval_s * 1000),
-                credits=self._credits(request.actor_id),
+                credits=self._credits(actor_id),
                 max_staleness=self.config.max_staleness,
+                credential=registration.credential,
             )
 
+    @served
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatReply:
-        _check_caller(request, context)
+        actor_id = request_checks.caller(_decoded(request))
+        version, in_flight, tokens_per_second = request_checks.heartbeat(request)
         with self._cond:
-            actor = self._actors.get(request.actor_id)
-            if actor is not None:
-                actor.last_seen = time.monotonic()
-                actor.weight_version = request.weight_version
-                actor.groups_in_flight = request.groups_in_flight
-                actor.tokens_per_second = request.tokens_per_second
-            return pb.HeartbeatReply(latest_version=self._latest_version, registered=actor is not None)
+            actor = self._caller(context, actor_id)
+            actor.weight_version = self._versions.served(version)
+            actor.groups_in_flight, actor.tokens_per_second = in_flight, tokens_per_second
+            return pb.HeartbeatReply(latest_version=self._latest_version)
 
+    @served
     def LeasePrompts(
         self, request: pb.LeasePromptsRequest, context: grpc.ServicerContext
     ) -> pb.LeasePromptsReply:
-        _check_caller(request, context)
-        if request.max_prompts < 0:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"max_prompts {request.max_prompts} < 0")
+        actor_id = request_checks.caller(_decoded(request))
+        max_prompts = min(check_int("max_prompts", request.max_prompts, 0), MAX_PROMPTS_PER_LEASE)
         with self._cond:
-            actor = self._actors.get(request.actor_id)
-            if actor is None:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, "actor not registered")
-            actor.last_seen = time.monotonic()
-            leased = self._prompts.lease(
-                request.actor_id, min(request.max_prompts, MAX_PROMPTS_PER_LEASE), self.config.lease_seconds
-            )
+            holder = self._caller(context, actor_id).holder
+            leased = self._prompts.lease(holder, max_prompts, self.config.lease_seconds)
             exhausted = self._prompts.exhausted()
         return pb.LeasePromptsReply(
             prompts=[
@@ -359,60 +384,52 @@ class LearnerService(rpc.LearnerServicer):
             lease_seconds=self.config.lease_seconds,
         )
 
+    @served
     def StreamGroups(
         self, request_iterator: Iterator[pb.ScoredGroup], context: grpc.ServicerContext
     ) -> Iterator[pb.GroupAck]:
         """Acks for the groups read (by a helper thread) plus CONSUMED/STALE acks sent later."""
-        sink: queue.Queue = queue.Queue(maxsize=ACK_BUFFER)
-        finished = threading.Event()
-        context.add_callback(finished.set)
-        reader = threading.Thread(
-            target=self._read_groups,
-            args=(request_iterator, sink, finished),
-            name="tandem-group-reader",
-            daemon=True,
-        )
-        reader.start()
-        while not finished.is_set():
-            try:
-                ack = sink.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            if ack is _END:
-                return
-            yield ack
-
-    def FetchWeights(self, request: pb.FetchWeightsRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
-        _check_caller(request, context)
-        try:
-            weights = self._weights.acquire(request.version)
-        except KeyError as error:
-            context.abort(grpc.StatusCode.NOT_FOUND, str(error.args[0]))
-        try:
-            yield from weights.messages  # serialised once at publish time
-        finally:
-            self._weights.release(weights)
-
-    def ReportWeights(self, request: pb.WeightReport, context: grpc.ServicerContext) -> pb.WeightReportReply:
-        _check_decoded(request, context)
-        if not request.actor_id:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty actor_id")
         with self._cond:
-            actor = self._actors.get(request.actor_id)
-            if actor is not None:
-                actor.last_weight_report = {
-                    "version": request.version,
-                    "applied": request.applied,
-                    "detail": request.detail,
-                    "stall_seconds": request.stall_seconds,
-                    "transfer_seconds": request.transfer_seconds,
-                }
-                if request.applied:
-                    actor.weight_version = request.version
+            actor = self._registry.authenticate(_credential(context))
+            actor_id, incarnation = actor.actor_id, actor.incarnation
+        what = f"group stream of {actor_id!r}"
+        with self._group_streams.hold(actor_id), self._reaper.watch(what, context.cancel) as progress:
+            stream = GroupStream(actor_id, progress)
+            admit = functools.partial(self._admit, actor_id, incarnation)
+            yield from stream.serve(request_iterator, context, admit, self._stream_ended)
+
+    @served
+    def FetchWeights(self, request: pb.FetchWeightsRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
+        actor_id = request_checks.caller(_decoded(request))
+        version = check_int("version", request.version, 0)
+        what = f"weight stream of {actor_id!r}"
+        with self._weight_streams.hold(), self._reaper.watch(what, context.cancel) as progress:
+            try:
+                weights = self._weights.acquire(version)
+            except KeyError as error:
+                raise WeightsNotHeld(error.args[0]) from None
+            try:
+                for message in weights.messages:  # serialised once at publish time
+                    yield message
+                    progress.touch()
+            finally:
+                self._weights.release(weights)
+
+    @served
+    def ReportWeights(self, request: pb.WeightReport, context: grpc.ServicerContext) -> pb.WeightReportReply:
+        actor_id = request_checks.actor_id(_decoded(request).actor_id)
+        report = request_checks.weight_report(request)
+        with self._cond:
+            actor = self._caller(context, actor_id)
+            self._versions.check_reported(request.version)
+            actor.last_weight_report = report
+            if request.applied:
+                actor.weight_version = request.version
         return pb.WeightReportReply()
 
+    @served
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
-        _check_decoded(request, context)
+        _decoded(request)
         counts = self.accounting()
         with self._cond:
             return pb.StatusReply(
@@ -428,7 +445,7 @@ class LearnerService(rpc.LearnerServicer):
                         groups_in_flight=a.groups_in_flight,
                         tokens_per_second=a.tokens_per_second,
                     )
-                    for a in self.actors_status()
+                    for a in self._registry.views()
                 ],
                 accounting=pb.Accounting(
                     **{k: v for k, v in counts.items() if k in pb.Accounting.DESCRIPTOR.fields_by_name}
@@ -436,104 +453,90 @@ class LearnerService(rpc.LearnerServicer):
                 mode=self.config.mode,
             )
 
-    # ================================================================== group handling
+    def _caller(self, context: grpc.ServicerContext, actor_id: str) -> ActorRecord:
+        """The registered actor the call's credential names, which must be `actor_id`; heard from now."""
+        actor = self._registry.authenticate(_credential(context), actor_id)
+        self._registry.touch(actor)
+        return actor
 
-    def _read_groups(
-        self, request_iterator: Iterator[pb.ScoredGroup], sink: queue.Queue, finished: threading.Event
-    ) -> None:
-        """Validate each incoming group and buffer its ack; ends the stream when the actor does."""
+    def _refuse(self, context: grpc.ServicerContext, method: str, error: Exception) -> None:
+        """End a call with the status of `error` (see REFUSALS), counting it."""
+        for kind, code, counter in REFUSALS:
+            if isinstance(error, kind):
+                if counter is not None:
+                    self._accounting.add(counter)
+                context.abort(code, str(error)[:MAX_ACK_DETAIL_CHARS])
+        log.warning("unexpected error in %s", method, exc_info=error)
+        self._accounting.add("internal_errors")
+        context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}")
+
+    def _warn_throttled(self, message: str, *args: object) -> None:
+        """Log at WARNING at most once per WARNING_INTERVAL_S (a hostile client must not flood the
+        log; the counters count every case), else at DEBUG."""
+        now = time.monotonic()
+        level = logging.WARNING if now - self._warned_at >= WARNING_INTERVAL_S else logging.DEBUG
+        if level == logging.WARNING:
+            self._warned_at = now
+        log.log(level, message, *args)
+
+    def _reaped(self, what: str) -> None:
+        log.info("cancelled the %s: no progress for %.0f s", what, self.config.stream_idle_timeout_s)
+        self._accounting.add("streams_idle_closed")
+
+    # ================================================================== group admission
+
+    def _admit(self, actor_id: str, incarnation: int, msg: pb.ScoredGroup | Undecodable,
+               stream: GroupStream) -> pb.GroupAck:
+        """Decide one group's fate (learner/admission.py) and apply it. Raises CredentialRefused when
+        the stream's registration ended; any other exception becomes a counted INVALID."""
+        with self._cond:
+            sender = self._sender(self._registry.current(actor_id, incarnation))
+            limits = self._limits()
         try:
-            for msg in request_iterator:
-                ack = self._receive_group(msg, sink)
-                while not finished.is_set():
-                    try:
-                        sink.put(ack, timeout=0.2)
-                        break
-                    except queue.Full:
-                        continue
-        except Exception as error:  # a broken or cancelled stream (or undecodable bytes) ends it
-            log.debug("group stream ended: %r", error)
-        finally:
+            outcome = examine(msg, sender, limits)
             with self._cond:
-                for actor_id in [a for a, s in self._sinks.items() if s is sink]:
-                    del self._sinks[actor_id]
-            _offer(sink, _END)
-
-    def _receive_group(self, msg: pb.ScoredGroup | Undecodable, sink: queue.Queue) -> pb.GroupAck:
-        """Decide one group's fate. The counters of each outcome (and groups_received) change
-        together under the lock, so every snapshot of them balances."""
-        if isinstance(msg, Undecodable):
-            return self._reject(pb.ScoredGroup(), pb.ACK_STATUS_INVALID, msg.error)
-        try:
-            record = parse_group(msg, self._limits())
-        except InvalidGroup as error:
-            return self._reject(msg, pb.ACK_STATUS_INVALID, str(error))
+                decision = outcome if isinstance(outcome, Decision) else self._decide(outcome, sender)
+                return self._settle(decision, sender, msg, stream)
         except Exception as error:  # never let one message take the stream down; count it
-            log.exception("unexpected error validating group %r", msg.group_id)
-            return self._reject(msg, pb.ACK_STATUS_INVALID, f"internal error: {error!r}")
-        with self._cond:
-            group_id = record.group_id
-            state = self._prompts.state(group_id)
-            if state is PromptState.RETIRED:
-                return self._reject(msg, pb.ACK_STATUS_DUPLICATE, "already consumed")
-            if state is PromptState.HELD:
-                return self._reject(msg, pb.ACK_STATUS_DUPLICATE, "already queued")
-            if state is PromptState.UNISSUED and is_stale(record.policy_version, self._latest_version,
-                                                          self.config.max_staleness):
-                # leased by this run before the learner restarted from an earlier checkpoint: the
-                # prompt is issued again when the cursor reaches it
-                return self._reject(msg, pb.ACK_STATUS_STALE, "sampled before the learner restarted from an "
-                                                             "earlier checkpoint; the prompt will be issued again")
-            if state in (PromptState.UNKNOWN, PromptState.UNISSUED):
-                return self._reject(msg, pb.ACK_STATUS_INVALID, "group_id was never leased by this learner")
-            if record.rejected_reason:
-                self._prompts.retire(group_id)
-                self._accounting.add("groups_received")
-                self._accounting.add("prompts_too_long")
-                return self._ack(
-                    msg.actor_id,
-                    group_id,
-                    pb.ACK_STATUS_CONSUMED,
-                    f"prompt retired: {record.rejected_reason}",
-                )
-            expected = self._prompts.prompt(group_id).get("prompt_ids")
-            if expected is not None and len(expected) and [int(t) for t in expected] != record.prompt_ids:
-                return self._reject(
-                    msg, pb.ACK_STATUS_INVALID, "prompt_token_ids differ from the leased prompt"
-                )
-            if is_stale(record.policy_version, self._latest_version, self.config.max_staleness):
-                self._prompts.release(group_id, holder=record.actor_id)
-                return self._reject(
-                    msg,
-                    pb.ACK_STATUS_STALE,
-                    f"policy_version {record.policy_version} is more than "
-                    f"{self.config.max_staleness} behind {self._latest_version}",
-                )
-            if self._queue.full():
-                return self._reject(msg, pb.ACK_STATUS_RETRY, "queue full")
-            self._queue.put(record)
+            log.warning("unexpected error admitting a group from %r", sender.actor_id, exc_info=error)
+            with self._cond:
+                return self._settle(internal_error(error), sender, msg, stream)
+
+    def _decide(self, record: GroupRecord, sender: Sender) -> Decision:
+        group_id = record.group_id
+        state = self._prompts.state(group_id)
+        if state is PromptState.OUTSTANDING:
+            ids = [int(t) for t in self._prompts.prompt(group_id).get("prompt_ids") or ()]
+            facts = PromptFacts(state, ids, self._prompts.lease_info(group_id))
+        else:
+            facts = PromptFacts(state)
+        rules = Rules(self._limits(), self.config.max_staleness)
+        return decide(record, sender, facts, rules, self._queue.full())
+
+    def _settle(self, decision: Decision, sender: Sender, msg: pb.ScoredGroup | Undecodable,
+                stream: GroupStream) -> pb.GroupAck:
+        """Apply a decision's effect, add its counters (together, under the lock) and encode its ack."""
+        group_id = "" if isinstance(msg, Undecodable) else msg.group_id
+        if decision.effect is Effect.QUEUE:
+            self._queue.put(decision.record)
             self._prompts.hold(group_id)
-            self._sinks[record.actor_id] = sink
-            self._accounting.add("groups_received")
-            self._accounting.add("groups_queued")
-            self._accounting.add(
-                "completions_unscorable", sum(c.unscorable_reason is not None for c in record.completions)
-            )
+            self._sinks[sender.actor_id] = stream
             self._cond.notify_all()
-            return self._ack(record.actor_id, group_id, pb.ACK_STATUS_QUEUED, "")
+        elif decision.effect is Effect.RETIRE:
+            self._prompts.retire(group_id)
+        elif decision.effect is Effect.RELEASE:
+            self._prompts.release(group_id, holder=sender.holder)
+        self._accounting.add_all(decision.counters)
+        return self._ack(sender.actor_id, group_id, decision.status, decision.detail)
 
-    _REJECTION_COUNTERS = {
-        pb.ACK_STATUS_INVALID: "groups_invalid",
-        pb.ACK_STATUS_DUPLICATE: "groups_duplicate",
-        pb.ACK_STATUS_STALE: "groups_stale_on_arrival",
-        pb.ACK_STATUS_RETRY: "groups_retry",
-    }
+    def _sender(self, actor: ActorRecord) -> Sender:
+        caps = actor.capabilities
+        return Sender(actor.actor_id, actor.holder, caps.max_model_len, caps.max_prompt_tokens)
 
-    def _reject(self, msg: pb.ScoredGroup, status: int, detail: str) -> pb.GroupAck:
+    def _stream_ended(self, stream: GroupStream) -> None:
         with self._cond:
-            self._accounting.add("groups_received")
-            self._accounting.add(self._REJECTION_COUNTERS[status])
-            return self._ack(msg.actor_id, msg.group_id, status, detail)
+            if self._sinks.get(stream.actor_id) is stream:
+                del self._sinks[stream.actor_id]
 
     def _drop_stale_at_dequeue(self, record: GroupRecord) -> None:
         self._queue.finish(record.group_id)
@@ -549,42 +552,27 @@ class LearnerService(rpc.LearnerServicer):
     def _notify_actor(self, actor_id: str, group_id: str, status: int, detail: str) -> None:
         """A later ack (CONSUMED / STALE) on the actor's current stream, if it is connected; if not,
         the actor re-sends the group after reconnecting and learns its fate then."""
-        sink = self._sinks.get(actor_id)
-        if sink is not None:
-            _offer(sink, self._ack(actor_id, group_id, status, detail))
+        stream = self._sinks.get(actor_id)
+        if stream is not None:
+            stream.offer(self._ack(actor_id, group_id, status, detail))
 
     def _ack(self, actor_id: str, group_id: str, status: int, detail: str) -> pb.GroupAck:
+        """An ack; it echoes at most MAX_ID_CHARS of the id and MAX_ACK_DETAIL_CHARS of the detail."""
         return pb.GroupAck(
-            group_id=group_id,
+            group_id=group_id[:MAX_ID_CHARS],
             status=status,
-            detail=detail[:1000],
+            detail=detail[:MAX_ACK_DETAIL_CHARS],
             credits=self._credits(actor_id),
             latest_version=self._latest_version,
         )
 
-    def _make_room_for_an_actor(self) -> bool:
-        """Keep the actor table bounded: when full, forget actors silent for actor_timeout_s."""
-        if len(self._actors) < self.config.max_actors:
-            return True
-        now = time.monotonic()
-        silent = sorted(
-            (a.last_seen, actor_id)
-            for actor_id, a in self._actors.items()
-            if now - a.last_seen > self.config.actor_timeout_s
-        )
-        for _, actor_id in silent[: len(self._actors) - self.config.max_actors + 1]:
-            del self._actors[actor_id]
-        return len(self._actors) < self.config.max_actors
-
     def _credits(self, actor_id: str) -> int:
-        now = time.monotonic()
-        live = sum(now - a.last_seen <= self.config.actor_timeout_s for a in self._actors.values())
-        return self._queue.credits(actor_id, live)
+        return self._queue.credits(actor_id, self._registry.live_count())
 
     def _limits(self) -> GroupLimits:
+        cfg = self.config
         with self._cond:
             latest = self._latest_version
-        cfg = self.config
         return GroupLimits(
             latest_version=latest,
             group_size=cfg.group_size,
@@ -598,26 +586,16 @@ class LearnerService(rpc.LearnerServicer):
             raise ValueError(f"weight version {version} must be newer than {self._latest_version}")
 
 
-def _check_decoded(request: Any, context: grpc.ServicerContext) -> None:
+def _decoded(request: Any) -> Any:
+    """The request, unless its bytes did not parse."""
     if isinstance(request, Undecodable):
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
+        raise InvalidInput(request.error)
+    return request
 
 
-def _check_caller(request: Any, context: grpc.ServicerContext) -> None:
-    _check_decoded(request, context)
-    if request.wire_version != WIRE_VERSION:
-        context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"unsupported wire_version {request.wire_version} (this learner speaks {WIRE_VERSION})",
-        )
-    if not request.actor_id:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty actor_id")
-
-
-def _offer(sink: queue.Queue, item: object) -> None:
-    """Put without blocking; a full buffer means the actor stopped reading, and it will learn the
-    group's fate when it re-sends after reconnecting."""
-    try:
-        sink.put_nowait(item)
-    except queue.Full:
-        pass
+def _credential(context: grpc.ServicerContext) -> str | None:
+    """The `tandem-credential` metadata of the call, if any."""
+    for key, value in context.invocation_metadata() or ():
+        if key == CREDENTIAL_METADATA_KEY:
+            return value if isinstance(value, str) else None
+    return None

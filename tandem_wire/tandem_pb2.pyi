@@ -123,18 +123,20 @@ class GroupAck(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., status: _Optional[_Union[AckStatus, str]] = ..., detail: _Optional[str] = ..., credits: _Optional[int] = ..., latest_version: _Optional[int] = ...) -> None: ...
 
 class ActorCapabilities(_message.Message):
-    __slots__ = ("engine", "model_family", "max_model_len", "group_size", "host")
+    __slots__ = ("engine", "model_family", "max_model_len", "group_size", "host", "max_prompt_tokens")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FAMILY_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
+    MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     engine: str
     model_family: str
     max_model_len: int
     group_size: int
     host: str
-    def __init__(self, engine: _Optional[str] = ..., model_family: _Optional[str] = ..., max_model_len: _Optional[int] = ..., group_size: _Optional[int] = ..., host: _Optional[str] = ...) -> None: ...
+    max_prompt_tokens: int
+    def __init__(self, engine: _Optional[str] = ..., model_family: _Optional[str] = ..., max_model_len: _Optional[int] = ..., group_size: _Optional[int] = ..., host: _Optional[str] = ..., max_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("wire_version", "actor_id", "capabilities", "weight_version")
@@ -149,16 +151,18 @@ class RegisterRequest(_message.Message):
     def __init__(self, wire_version: _Optional[_Union[WireVersion, str]] = ..., actor_id: _Optional[str] = ..., capabilities: _Optional[_Union[ActorCapabilities, _Mapping]] = ..., weight_version: _Optional[int] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("latest_version", "heartbeat_interval_ms", "credits", "max_staleness")
+    __slots__ = ("latest_version", "heartbeat_interval_ms", "credits", "max_staleness", "credential")
     LATEST_VERSION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     CREDITS_FIELD_NUMBER: _ClassVar[int]
     MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     latest_version: int
     heartbeat_interval_ms: int
     credits: int
     max_staleness: int
-    def __init__(self, latest_version: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., credits: _Optional[int] = ..., max_staleness: _Optional[int] = ...) -> None: ...
+    credential: str
+    def __init__(self, latest_version: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., credits: _Optional[int] = ..., max_staleness: _Optional[int] = ..., credential: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("wire_version", "actor_id", "weight_version", "groups_in_flight", "tokens_per_second")
@@ -175,12 +179,10 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, wire_version: _Optional[_Union[WireVersion, str]] = ..., actor_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., groups_in_flight: _Optional[int] = ..., tokens_per_second: _Optional[float] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("latest_version", "registered")
+    __slots__ = ("latest_version",)
     LATEST_VERSION_FIELD_NUMBER: _ClassVar[int]
-    REGISTERED_FIELD_NUMBER: _ClassVar[int]
     latest_version: int
-    registered: bool
-    def __init__(self, latest_version: _Optional[int] = ..., registered: _Optional[bool] = ...) -> None: ...
+    def __init__(self, latest_version: _Optional[int] = ...) -> None: ...
 
 class LeasePromptsRequest(_message.Message):
     __slots__ = ("wire_version", "actor_id", "max_prompts")
@@ -322,7 +324,7 @@ class ActorStatus(_message.Message):
     def __init__(self, actor_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., groups_in_flight: _Optional[int] = ..., tokens_per_second: _Optional[float] = ...) -> None: ...
 
 class Accounting(_message.Message):
-    __slots__ = ("prompts_leased", "prompts_reissued", "groups_received", "groups_queued", "groups_consumed", "groups_duplicate", "groups_stale", "groups_invalid", "groups_retry", "completions_unscorable", "prompts_too_long", "groups_stale_on_arrival", "groups_stale_at_dequeue", "groups_in_queue", "groups_in_batch", "groups_forgotten_on_restart", "prompts_retired", "prompts_outstanding")
+    __slots__ = ("prompts_leased", "prompts_reissued", "groups_received", "groups_queued", "groups_consumed", "groups_duplicate", "groups_stale", "groups_invalid", "groups_retry", "completions_unscorable", "prompts_too_long", "groups_stale_on_arrival", "groups_stale_at_dequeue", "groups_in_queue", "groups_in_batch", "groups_forgotten_on_restart", "prompts_retired", "prompts_outstanding", "internal_errors", "lease_violations", "requests_invalid", "credentials_refused", "weight_reports_refused", "calls_refused_busy", "streams_idle_closed", "actors_superseded")
     PROMPTS_LEASED_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_REISSUED_FIELD_NUMBER: _ClassVar[int]
     GROUPS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
@@ -341,6 +343,14 @@ class Accounting(_message.Message):
     GROUPS_FORGOTTEN_ON_RESTART_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_RETIRED_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
+    INTERNAL_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_VIOLATIONS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_INVALID_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIALS_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_REPORTS_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    CALLS_REFUSED_BUSY_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_IDLE_CLOSED_FIELD_NUMBER: _ClassVar[int]
+    ACTORS_SUPERSEDED_FIELD_NUMBER: _ClassVar[int]
     prompts_leased: int
     prompts_reissued: int
     groups_received: int
@@ -359,7 +369,15 @@ class Accounting(_message.Message):
     groups_forgotten_on_restart: int
     prompts_retired: int
     prompts_outstanding: int
-    def __init__(self, prompts_leased: _Optional[int] = ..., prompts_reissued: _Optional[int] = ..., groups_received: _Optional[int] = ..., groups_queued: _Optional[int] = ..., groups_consumed: _Optional[int] = ..., groups_duplicate: _Optional[int] = ..., groups_stale: _Optional[int] = ..., groups_invalid: _Optional[int] = ..., groups_retry: _Optional[int] = ..., completions_unscorable: _Optional[int] = ..., prompts_too_long: _Optional[int] = ..., groups_stale_on_arrival: _Optional[int] = ..., groups_stale_at_dequeue: _Optional[int] = ..., groups_in_queue: _Optional[int] = ..., groups_in_batch: _Optional[int] = ..., groups_forgotten_on_restart: _Optional[int] = ..., prompts_retired: _Optional[int] = ..., prompts_outstanding: _Optional[int] = ...) -> None: ...
+    internal_errors: int
+    lease_violations: int
+    requests_invalid: int
+    credentials_refused: int
+    weight_reports_refused: int
+    calls_refused_busy: int
+    streams_idle_closed: int
+    actors_superseded: int
+    def __init__(self, prompts_leased: _Optional[int] = ..., prompts_reissued: _Optional[int] = ..., groups_received: _Optional[int] = ..., groups_queued: _Optional[int] = ..., groups_consumed: _Optional[int] = ..., groups_duplicate: _Optional[int] = ..., groups_stale: _Optional[int] = ..., groups_invalid: _Optional[int] = ..., groups_retry: _Optional[int] = ..., completions_unscorable: _Optional[int] = ..., prompts_too_long: _Optional[int] = ..., groups_stale_on_arrival: _Optional[int] = ..., groups_stale_at_dequeue: _Optional[int] = ..., groups_in_queue: _Optional[int] = ..., groups_in_batch: _Optional[int] = ..., groups_forgotten_on_restart: _Optional[int] = ..., prompts_retired: _Optional[int] = ..., prompts_outstanding: _Optional[int] = ..., internal_errors: _Optional[int] = ..., lease_violations: _Optional[int] = ..., requests_invalid: _Optional[int] = ..., credentials_refused: _Optional[int] = ..., weight_reports_refused: _Optional[int] = ..., calls_refused_busy: _Optional[int] = ..., streams_idle_closed: _Optional[int] = ..., actors_superseded: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

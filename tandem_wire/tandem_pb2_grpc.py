@@ -94,7 +94,8 @@ class LearnerServicer:
 
     def StreamGroups(self, request_iterator, context):
         """Bidirectional: the actor streams groups, the learner answers each with an ack and credits,
-        and later with CONSUMED acks for groups used in a step.
+        and later with CONSUMED acks for groups used in a step. Streams are limited per actor and in
+        all (RESOURCE_EXHAUSTED beyond) and cancelled when nothing arrives for the idle timeout.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -4,33 +4,16 @@ serving valid requests, keep its accounting balanced and keep its memory bounded
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import grpc
 import numpy as np
-import psutil
-from wire_helpers import CAPABILITIES, make_group
+from wire_helpers import CAPABILITIES, make_group, raw_actor, server_process, wire_accounting
 
-from actors.learner_client import LearnerClient
 from learner.accounting import balance_violations
 from tandem_wire import WIRE_VERSION, grpc_options, pb
 
-ROOT = Path(__file__).resolve().parents[1]
 MAX_GROUP_BYTES = 4 * 1024 * 1024
-SERVER = f"""
-import sys
-sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests")!r}]
-from wire_helpers import make_prompts
-from learner.prompt_source import PromptSource
-from learner.service import LearnerService, ServiceConfig
-config = ServiceConfig(group_size=4, vocab_size=64, queue_capacity=16, max_group_bytes={MAX_GROUP_BYTES})
-service = LearnerService(PromptSource(make_prompts(64), epochs=None), config)
-print(service.start("127.0.0.1:0"), flush=True)
-sys.stdin.read()
-"""
 METHOD = "/tandem.v1.Learner/"
 
 
@@ -66,9 +49,11 @@ def _huge_groups(template: pb.ScoredGroup) -> list[bytes]:
 
 
 class RawChannel:
-    """Sends arbitrary bytes as requests of the Learner service's methods."""
+    """Sends arbitrary bytes as requests of the Learner service's methods, with `metadata` (the
+    fuzzing actor's credential) on every call."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.metadata = metadata
         self.channel = grpc.insecure_channel(address, options=grpc_options())
         identity = bytes
         self.stream_groups = self.channel.stream_stream(
@@ -82,7 +67,7 @@ class RawChannel:
         }
 
     def stream(self, messages: list[bytes]) -> tuple[list[pb.GroupAck], grpc.StatusCode]:
-        call = self.stream_groups(iter(messages), timeout=60)
+        call = self.stream_groups(iter(messages), metadata=self.metadata, timeout=60)
         acks = []
         try:
             acks.extend(call)
@@ -91,7 +76,7 @@ class RawChannel:
             return acks, error.code()
 
     def unary_many(self, name: str, messages: list[bytes]) -> list[grpc.StatusCode]:
-        futures = [self.unary[name].future(m, timeout=60) for m in messages]
+        futures = [self.unary[name].future(m, metadata=self.metadata, timeout=60) for m in messages]
         codes = []
         for future in futures:
             try:
@@ -104,18 +89,12 @@ class RawChannel:
 
 def test_fuzzed_messages_never_take_the_server_down_and_memory_stays_bounded():
     rng = np.random.default_rng(1234)
-    server = subprocess.Popen(
-        [sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT
-    )
-    try:
-        address = server.stdout.readline().strip()
-        assert address, "server did not start"
-        process = psutil.Process(server.pid)
-        client = LearnerClient(address, "fuzzer")
-        client.register(CAPABILITIES, 0)
-        leases, _ = client.lease_prompts(8)
+    config = dict(group_size=4, vocab_size=64, queue_capacity=16, max_group_bytes=MAX_GROUP_BYTES)
+    with server_process(**config) as (address, process):
+        client = raw_actor(address, "fuzzer")
+        leases, _ = client.lease(8)
         valid = [make_group(lease, "fuzzer", seed=i).SerializeToString() for i, lease in enumerate(leases)]
-        raw = RawChannel(address)
+        raw = RawChannel(address, client.metadata())
         start, sent, rss = time.monotonic(), 0, []
         acked = undecodable = 0
         for _ in range(2):  # two equal rounds: memory must not grow with the count
@@ -158,22 +137,16 @@ def test_fuzzed_messages_never_take_the_server_down_and_memory_stays_bounded():
             f"\nfuzz: {sent} messages in {elapsed:.1f} s, {acked} group acks ({undecodable} undecodable), "
             f"server RSS MiB after each round {[r >> 20 for r in rss]}"
         )
-        assert server.poll() is None, "server died"
         # Measured: +10-20 MiB per round for the first rounds (allocator arenas of the reader threads
         # filling up after the huge messages), levelling off near 190 MiB after 12 rounds.
         assert rss[1] - rss[0] < 64 << 20, f"server RSS grew from {rss[0] >> 20} to {rss[1] >> 20} MiB"
         assert rss[1] < 400 << 20, f"server RSS {rss[1] >> 20} MiB"
 
         # Still serving: a valid group from a fresh lease is queued, and the books balance.
-        (fresh,), _ = client.lease_prompts(1)
+        (fresh,), _ = client.lease(1)
         acks, code = raw.stream([make_group(fresh, "fuzzer").SerializeToString()])
         assert code == grpc.StatusCode.OK and acks[0].status in (pb.ACK_STATUS_QUEUED, pb.ACK_STATUS_RETRY)
-        status = client.status()
-        counts = {f.name: 0 for f in pb.Accounting.DESCRIPTOR.fields}
-        counts.update({f.name: v for f, v in status.accounting.ListFields()})
+        counts = wire_accounting(client.stub)
         assert counts["groups_received"] == acked + 1 and balance_violations(counts) == []
         client.close()
         raw.channel.close()
-    finally:
-        server.kill()
-        server.wait()

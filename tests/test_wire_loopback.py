@@ -231,8 +231,8 @@ def test_a_restarted_learner_that_forgot_the_actor_gets_it_registered_again():
     with running_service() as (_, address):
         client = LearnerClient(address, "late")
         with pytest.raises(grpc.RpcError) as error:
-            client.lease_prompts(1)  # never registered, nothing to re-register with
-        assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            client.lease_prompts(1)  # never registered: no credential, nothing to re-register with
+        assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
         client.register(CAPABILITIES, 0)
     for call in (lambda c: c.heartbeat(0), lambda c: c.lease_prompts(2)):
         with running_service(address=address) as (fresh, _):  # a new learner on the same port

@@ -8,26 +8,24 @@ import json
 import math
 import threading
 
-import grpc
 import numpy as np
 import pytest
-from wire_helpers import VOCAB, connected_client, make_group, make_prompts, running_service, wait_until
+from wire_helpers import (
+    VOCAB,
+    connected_client,
+    make_group,
+    make_prompts,
+    raw_actor,
+    running_service,
+    wait_until,
+)
 
 from learner.accounting import balance_violations
 from learner.prompt_source import PromptSource
 from learner.service import LearnerService, ServiceConfig
-from tandem_wire import grpc_options, pb, rpc
+from tandem_wire import pb
 
 MAX_PROMPT_TOKENS = 8
-
-
-def exchange(address: str, groups: list[pb.ScoredGroup]) -> list[pb.GroupAck]:
-    """Send groups on one raw StreamGroups call, half-close, return all acks."""
-    channel = grpc.insecure_channel(address, options=grpc_options())
-    try:
-        return list(rpc.LearnerStub(channel).StreamGroups(iter(groups), timeout=30))
-    finally:
-        channel.close()
 
 
 def _completion(group: pb.ScoredGroup, i: int = 1) -> pb.Completion:
@@ -87,49 +85,49 @@ INVALID_CASES = {
 
 def test_each_invalid_group_gets_invalid_with_a_specific_detail_and_loses_nothing():
     with running_service(max_prompt_tokens=MAX_PROMPT_TOKENS) as (service, address):
-        client = connected_client(address)
-        (lease,), _ = client.lease_prompts(1)
+        actor = raw_actor(address)
+        (lease,), _ = actor.lease(1)
         broken = []
         for mutate, _ in INVALID_CASES.values():
-            group = make_group(lease, client.actor_id)
+            group = make_group(lease, actor.actor_id)
             mutate(group)
             broken.append(group)
-        acks = exchange(address, broken)
+        acks = actor.exchange(broken)
         assert len(acks) == len(INVALID_CASES)
         for (case, (_, detail)), ack in zip(INVALID_CASES.items(), acks, strict=True):
             assert ack.status == pb.ACK_STATUS_INVALID, (case, ack)
             assert detail in ack.detail, (case, ack.detail)
         # Nothing was consumed or lost: the valid group of the same prompt is still accepted.
-        (ack,) = exchange(address, [make_group(lease, client.actor_id)])
+        (ack,) = actor.exchange([make_group(lease, actor.actor_id)])
         assert ack.status == pb.ACK_STATUS_QUEUED
         counts = service.accounting()
         assert counts["groups_invalid"] == len(INVALID_CASES) and counts["groups_queued"] == 1
         assert balance_violations(counts) == []
-        client.close()
+        actor.close()
 
 
 def test_duplicates_are_rejected_whether_queued_or_consumed():
     with running_service() as (service, address):
-        client = connected_client(address)
-        (lease,), _ = client.lease_prompts(1)
-        group = make_group(lease, client.actor_id)
-        acks = exchange(address, [group, group])
+        actor = raw_actor(address)
+        (lease,), _ = actor.lease(1)
+        group = make_group(lease, actor.actor_id)
+        acks = actor.exchange([group, group])
         assert [(a.status, a.detail) for a in acks] == [
             (pb.ACK_STATUS_QUEUED, ""),
             (pb.ACK_STATUS_DUPLICATE, "already queued"),
         ]
         (record,) = service.next_batch(1, timeout=5)
-        assert [(a.status, a.detail) for a in exchange(address, [group])] == [
+        assert [(a.status, a.detail) for a in actor.exchange([group])] == [
             (pb.ACK_STATUS_DUPLICATE, "already queued")
         ]  # handed out counts as queued
         service.mark_consumed([record.group_id])
-        assert [(a.status, a.detail) for a in exchange(address, [group])] == [
+        assert [(a.status, a.detail) for a in actor.exchange([group])] == [
             (pb.ACK_STATUS_DUPLICATE, "already consumed")
         ]
         counts = service.accounting()
         assert counts["groups_duplicate"] == 3 and counts["groups_consumed"] == 1
         assert balance_violations(counts) == []
-        client.close()
+        actor.close()
 
 
 def _tiny_weights():
@@ -138,15 +136,14 @@ def _tiny_weights():
 
 def test_stale_groups_are_dropped_on_arrival_and_at_dequeue_and_their_prompts_re_leased():
     with running_service(max_staleness=1) as (service, address):
-        client = connected_client(address)
-        leases, _ = client.lease_prompts(2)
+        actor = raw_actor(address)
+        leases, _ = actor.lease(2)
         service.publish_weights(1, _tiny_weights())
         service.publish_weights(2, _tiny_weights())
-        acks = exchange(
-            address,
+        acks = actor.exchange(
             [
-                make_group(leases[0], client.actor_id, policy_version=0),
-                make_group(leases[1], client.actor_id, policy_version=1),
+                make_group(leases[0], actor.actor_id, policy_version=0),
+                make_group(leases[1], actor.actor_id, policy_version=1),
             ],
         )
         assert [a.status for a in acks] == [pb.ACK_STATUS_STALE, pb.ACK_STATUS_QUEUED]
@@ -167,53 +164,59 @@ def test_stale_groups_are_dropped_on_arrival_and_at_dequeue_and_their_prompts_re
         assert counts["groups_stale_on_arrival"] == 1 and counts["groups_stale_at_dequeue"] == 2
         assert counts["groups_stale"] == 3 and counts["groups_queued"] == 2
         assert balance_violations(counts) == []
-        reissued = [p.group_id for p in client.lease_prompts(5)[0]][:2]  # both re-issued first
+        reissued = [p.group_id for p in actor.lease(5)[0]][:2]  # both re-issued first
         assert sorted(reissued) == sorted([leases[1].group_id, lease.group_id])
-        client.close()
+        actor.close()
         other.close()
 
 
 def test_full_queue_answers_retry_and_accepts_the_group_later():
     with running_service(queue_capacity=2) as (service, address):
-        client = connected_client(address)
-        leases, _ = client.lease_prompts(3)
-        groups = [make_group(lease, client.actor_id) for lease in leases]
-        acks = exchange(address, groups)
+        actor = raw_actor(address)
+        leases, _ = actor.lease(3)
+        groups = [make_group(lease, actor.actor_id) for lease in leases]
+        acks = actor.exchange(groups)
         assert [a.status for a in acks] == [pb.ACK_STATUS_QUEUED, pb.ACK_STATUS_QUEUED, pb.ACK_STATUS_RETRY]
         assert [a.credits for a in acks] == [1, 0, 0] and acks[2].detail == "queue full"
         service.mark_consumed([r.group_id for r in service.next_batch(1, timeout=5)])
-        (ack,) = exchange(address, [groups[2]])
+        (ack,) = actor.exchange([groups[2]])
         assert ack.status == pb.ACK_STATUS_QUEUED
         counts = service.accounting()
         assert counts["groups_retry"] == 1 and counts["groups_received"] == 4
         assert balance_violations(counts) == []
-        client.close()
+        actor.close()
 
 
 def test_a_prompt_rejected_as_too_long_is_retired_and_counted():
-    with running_service(PromptSource(make_prompts(3), epochs=1)) as (service, address):
-        client = connected_client(address)
-        leases, _ = client.lease_prompts(3)
-        rejection = pb.ScoredGroup(
-            wire_version=1,
-            group_id=leases[0].group_id,
-            actor_id=client.actor_id,
-            prompt_token_ids=leases[0].prompt_ids,
-            rejected_reason="prompt_too_long",
-        )
-        acks = exchange(address, [rejection, rejection])
+    """A prompt longer than the run's max_prompt_tokens, rejected by its holder, is retired (CONSUMED);
+    the same rejection for a prompt within the limit is refused."""
+    rows = make_prompts(3)
+    rows[1]["prompt_ids"] = rows[1]["prompt_ids"] * 2  # 10 tokens > MAX_PROMPT_TOKENS
+    with running_service(PromptSource(rows, epochs=1), max_prompt_tokens=MAX_PROMPT_TOKENS) as (service, address):
+        actor = raw_actor(address)
+        leases, _ = actor.lease(3)
+        (long,) = [lease for lease in leases if len(lease.prompt_ids) > MAX_PROMPT_TOKENS]
+        short = [lease for lease in leases if lease is not long]
+
+        def rejection(lease):
+            return pb.ScoredGroup(wire_version=1, group_id=lease.group_id, actor_id=actor.actor_id,
+                                  prompt_token_ids=lease.prompt_ids, rejected_reason="prompt_too_long")
+
+        acks = actor.exchange([rejection(long), rejection(long), rejection(short[0])])
         assert [(a.status, a.detail) for a in acks] == [
             (pb.ACK_STATUS_CONSUMED, "prompt retired: prompt_too_long"),
             (pb.ACK_STATUS_DUPLICATE, "already consumed"),
+            (pb.ACK_STATUS_INVALID, "prompt_too_long refused: the prompt has 5 tokens, within the limit 8"),
         ]
-        for lease in leases[1:]:
-            client.send_group(make_group(lease, client.actor_id))
+        acks = actor.exchange([make_group(lease, actor.actor_id) for lease in short])
+        assert [a.status for a in acks] == [pb.ACK_STATUS_QUEUED] * 2
         service.mark_consumed([r.group_id for r in service.next_batch(2, timeout=10)])
-        assert client.drain(10) and client.lease_prompts(3) == ([], True)
+        assert actor.lease(3) == ([], True)
         counts = service.accounting()
         assert counts["prompts_too_long"] == 1 and counts["prompts_retired"] == 3
+        assert counts["groups_invalid"] == 1 and counts["lease_violations"] == 0
         assert balance_violations(counts) == []
-        client.close()
+        actor.close()
 
 
 @pytest.mark.parametrize("late_copy_first", [False, True])

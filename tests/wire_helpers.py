@@ -1,18 +1,28 @@
-"""Shared pieces of the wire tests: a tiny prompt dataset, valid scored groups, a running service."""
+"""Shared pieces of the wire tests: a tiny prompt dataset, valid scored groups, a running service, and
+a raw actor that speaks the wire contract directly (as an independent client written from proto/)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
+import grpc
 import numpy as np
+import psutil
 
 from actors.learner_client import LearnerClient, PromptLease
+from learner.accounting import balance_violations
 from learner.prompt_source import PromptSource
 from learner.service import LearnerService, ServiceConfig
-from tandem_wire import WIRE_VERSION, pb
+from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
+from tandem_wire.limits import CREDENTIAL_METADATA_KEY
 
+ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 64
 CAPABILITIES = {
     "engine": "test",
@@ -97,3 +107,106 @@ def connected_client(address: str, actor_id: str = "actor-0", **kwargs) -> Learn
     client = LearnerClient(address, actor_id, **kwargs)
     client.register(CAPABILITIES, weight_version=0)
     return client
+
+
+def assert_honest_actor_served(service: LearnerService, address: str, actor_id: str = "honest",
+                               **kwargs) -> None:
+    """A legitimate actor's whole flow still works (register, lease, send, QUEUED, consumed, CONSUMED
+    ack) and the books balance exactly. Groups queued before it are consumed along the way."""
+    client = connected_client(address, actor_id, **kwargs)
+    try:
+        (lease,), _ = client.lease_prompts(1)
+        client.send_group(make_group(lease, actor_id))
+        taken: list[str] = []
+        while lease.group_id not in taken:
+            batch = service.next_batch(1, timeout=10)
+            assert batch, f"{actor_id}'s group never reached the trainer: {client.counts()}"
+            service.mark_consumed([r.group_id for r in batch])
+            taken += [r.group_id for r in batch]
+        assert client.drain(10) and client.counts()["consumed"] == 1, client.counts()
+    finally:
+        client.close()
+    counts = service.accounting()
+    assert balance_violations(counts) == [], counts
+
+
+SERVER_SCRIPT = """
+import json, sys
+sys.path[:0] = [{root!r}, {tests!r}]
+from wire_helpers import make_prompts
+from learner.prompt_source import PromptSource
+from learner.service import LearnerService, ServiceConfig
+service = LearnerService(PromptSource(make_prompts(64), epochs=None), ServiceConfig(**json.loads(sys.argv[1])))
+print(service.start("127.0.0.1:0"), flush=True)
+sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def server_process(**config) -> Iterator[tuple[str, psutil.Process]]:
+    """A learner server over 64 prompts (cycled forever) in its own process, so that its memory can be
+    measured: yields (address, process)."""
+    script = SERVER_SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests"))
+    server = subprocess.Popen([sys.executable, "-c", script, json.dumps(config)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        address = server.stdout.readline().strip()
+        assert address, "server did not start"
+        yield address, psutil.Process(server.pid)
+        assert server.poll() is None, "server died"
+    finally:
+        server.kill()
+        server.wait()
+
+
+def wire_accounting(stub: rpc.LearnerStub) -> dict[str, int]:
+    """The Status RPC's counters, every field present."""
+    status = stub.Status(pb.StatusRequest(), timeout=10)
+    counts = {f.name: 0 for f in pb.Accounting.DESCRIPTOR.fields}
+    counts.update({f.name: v for f, v in status.accounting.ListFields()})
+    return counts
+
+
+class RawActor:
+    """An actor that speaks the wire contract with a raw stub: it registers, holds the credential the
+    learner returns and sends it (or, for hostile tests, anything else) with every call."""
+
+    def __init__(self, address: str, actor_id: str, auth_token: str | None = None) -> None:
+        self.actor_id = actor_id
+        self.channel = grpc.insecure_channel(address, options=grpc_options())
+        self.stub = rpc.LearnerStub(self.channel)
+        self.token = ((("authorization", f"Bearer {auth_token}"),) if auth_token else ())
+        self.credential: str | None = None
+
+    def metadata(self, credential: str | None = None) -> tuple[tuple[str, str], ...]:
+        credential = credential or self.credential
+        return self.token + (((CREDENTIAL_METADATA_KEY, credential),) if credential else ())
+
+    def register(self, capabilities: dict | None = None, weight_version: int = 0,
+                 credential: str | None = None) -> pb.RegisterReply:
+        reply = self.stub.Register(pb.RegisterRequest(
+            wire_version=WIRE_VERSION, actor_id=self.actor_id,
+            capabilities=pb.ActorCapabilities(**(capabilities or CAPABILITIES)), weight_version=weight_version,
+        ), metadata=self.metadata(credential), timeout=10)
+        self.credential = reply.credential
+        return reply
+
+    def lease(self, n: int) -> tuple[list[PromptLease], bool]:
+        reply = self.stub.LeasePrompts(
+            pb.LeasePromptsRequest(wire_version=WIRE_VERSION, actor_id=self.actor_id, max_prompts=n),
+            metadata=self.metadata(), timeout=10)
+        return [PromptLease(p.group_id, list(p.token_ids), p.text, dict(p.metadata)) for p in reply.prompts], \
+            reply.exhausted
+
+    def exchange(self, groups: list[pb.ScoredGroup], credential: str | None = None) -> list[pb.GroupAck]:
+        """Send groups on one StreamGroups call, half-close, return all acks."""
+        return list(self.stub.StreamGroups(iter(groups), metadata=self.metadata(credential), timeout=30))
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def raw_actor(address: str, actor_id: str = "actor-0", **register) -> RawActor:
+    actor = RawActor(address, actor_id)
+    actor.register(**register)
+    return actor
