@@ -36,6 +36,7 @@ from learner.train_state import TrainState, init_train_state
 from models.jax_model import LoadedModel, export_hf_tensors, save_hf_dir
 
 Batch = dict[str, jax.Array]
+SKIPPED: dict[str, float] = {"update_skipped": 1.0}  # the metrics of a step that made no update
 # (params, micro-batch, global normaliser, frozen reference params or None) -> (loss, metrics)
 LossFn = Callable[[nnx.State, Batch, Normalizer, nnx.State | None], tuple[jax.Array, dict[str, jax.Array]]]
 
@@ -55,8 +56,15 @@ class Trainer:
 
     `rl_step(batch)`, `sft_step(batch)` and `pretrain_step(batch)` take host (numpy) batches, run one
     optimizer update and return host metrics: loss, grad_norm (before clipping), learning_rate,
-    tokens_per_s, step_time_s, plus the mode's own (rl: policy_loss, kl, entropy, clip fractions,
-    ratio mean; sft/pretrain: entropy, loss_tokens). A batch with no loss token is skipped.
+    tokens_per_s, step_time_s, update_norm (of the parameter change), plus the mode's own (rl:
+    policy_loss, kl, entropy, clip fractions, ratio mean; sft/pretrain: entropy, loss_tokens).
+
+    A batch with no learning signal is skipped: no optimizer update, AdamW's moments and step count
+    untouched, and the metrics say `update_skipped: 1`. No signal means no loss token, or (rl, with
+    `skip_no_signal`) every advantage zero, i.e. every group zero-signal. Stepping AdamW on such a
+    batch is not a no-op: its second moment decays while the gradient is zero, so the next real
+    gradient is divided by a shrunken √v and comes out sign-sized (up to 1/√(1−β2) ≈ 32× lr per
+    coordinate, for ~1/(1−β1) steps of momentum), which is how sparse-reward runs collapse.
 
     Args:
       loaded, mesh: the policy, already placed on `mesh` (models.jax_model.load_model(..., mesh=mesh)).
@@ -66,16 +74,19 @@ class Trainer:
       temperature: the actors' sampling temperature (behaviour logprobs are log_softmax(logits / T)).
       chunk_size: time steps unembedded at once when computing logprobs (bounds the [B, T, V] memory).
       seed: the state's rng key.
+      skip_no_signal: skip rl steps whose advantages are all zero (with β > 0 the KL term alone would
+        still move the policy toward the reference; such steps are skipped too).
     """
 
     def __init__(self, loaded: LoadedModel, mesh: jax.sharding.Mesh, optimizer: OptimizerConfig, *,
                  loss: LossConfig | None = None, micro_batches: int = 1, temperature: float = 1.0,
-                 chunk_size: int | None = 128, seed: int = 0):
+                 chunk_size: int | None = 128, seed: int = 0, skip_no_signal: bool = True):
         if micro_batches < 1:
             raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
         self.loaded, self.mesh = loaded, mesh
         self.loss_config = loss or LossConfig()
         self.micro_batches, self.temperature, self.chunk_size = micro_batches, temperature, chunk_size
+        self.skip_no_signal = skip_no_signal
         self._graphdef, params, self._rest = nnx.split(loaded.model, nnx.Param, ...)
         self._tx = make_optimizer(optimizer)
         self._schedule = make_schedule(optimizer)
@@ -89,6 +100,8 @@ class Trainer:
 
     def rl_step(self, batch: RLBatch) -> dict[str, float]:
         """One update on an assembled RL batch; merge in assemble_rl_batch's statistics for logging."""
+        if self.skip_no_signal and not (batch.advantages * batch.completion_mask.any(axis=1)).any():
+            return dict(SKIPPED)
         return self._run("rl", batch._asdict(), batch.completion_mask)
 
     def sft_step(self, batch: TokenBatch) -> dict[str, float]:
@@ -120,9 +133,7 @@ class Trainer:
         if rows % self.micro_batches:
             raise ValueError(f"batch of {rows} rows does not split into {self.micro_batches} micro-batches")
         if not loss_mask.any():
-            # Nothing to learn from (e.g. every group dropped as zero-signal): an update would still
-            # move the parameters through Adam's momentum, so skip it.
-            return {"skipped_empty_batch": 1.0}
+            return dict(SKIPPED)
         if kind not in self._steps:
             loss_fn = self._rl_loss if kind == "rl" else self._ce_loss
             self._steps[kind] = jax.jit(functools.partial(self._update, loss_fn=loss_fn, kind=kind),
@@ -151,7 +162,8 @@ class Trainer:
         ((loss, metrics), grads), _ = jax.lax.scan(accumulate, jax.tree.map(jnp.zeros_like, shapes), micro)
         updates, opt_state = self._tx.update(grads, state.opt_state, state.params)
         metrics = {"loss": loss, **metrics, "grad_norm": optax.tree.norm(grads),
-                   "learning_rate": self._schedule(state.step)}
+                   "update_norm": optax.tree.norm(updates), "learning_rate": self._schedule(state.step),
+                   "update_skipped": jnp.zeros(())}
         new_state = TrainState(params=optax.apply_updates(state.params, updates), opt_state=opt_state,
                                step=state.step + 1, rng=state.rng)
         return new_state, metrics

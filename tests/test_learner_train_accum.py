@@ -67,5 +67,5 @@ def test_rows_must_split_into_micro_batches_and_empty_batches_are_skipped(hf_dir
     assert np.asarray(trainer.state.step) == 0
     whole = Trainer(load_model(hf_dir, mesh=mesh), mesh, OPTIMIZER)
     empty = random_rl_batch()._replace(completion_mask=np.zeros((8, 24), np.float32))
-    assert whole.rl_step(empty) == {"skipped_empty_batch": 1.0}
+    assert whole.rl_step(empty) == {"update_skipped": 1.0}
     assert np.asarray(whole.state.step) == 0
