@@ -116,7 +116,7 @@ def assert_honest_actor_served(service: LearnerService, address: str, actor_id: 
     client = connected_client(address, actor_id, **kwargs)
     try:
         (lease,), _ = client.lease_prompts(1)
-        client.send_group(make_group(lease, actor_id))
+        client.send_group(make_group(lease, actor_id, policy_version=service.latest_version))
         taken: list[str] = []
         while lease.group_id not in taken:
             batch = service.next_batch(1, timeout=10)
@@ -172,6 +172,7 @@ class RawActor:
     learner returns and sends it (or, for hostile tests, anything else) with every call."""
 
     def __init__(self, address: str, actor_id: str, auth_token: str | None = None) -> None:
+        self.address = address
         self.actor_id = actor_id
         self.channel = grpc.insecure_channel(address, options=grpc_options())
         self.stub = rpc.LearnerStub(self.channel)
