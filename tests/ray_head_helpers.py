@@ -1,11 +1,17 @@
 """A real Ray head on loopback for the tests that run tandem the way users do (`ray job submit`), and
 a way to stop only that cluster (`ray stop` would kill every Ray on the machine, including the test
-session's shared one)."""
+session's shared one).
+
+The heads run with Ray's token auth on, as users' do: `ray_head_cluster` hands every process its own
+token in RAY_AUTH_TOKEN (nothing written to ~/.ray); test_launch_ray_job.py starts its head with the
+README's own commands instead, on a fresh HOME."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import secrets
 import socket
 import subprocess
 import sys
@@ -33,14 +39,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def stop_cluster(temp_dir: str, gcs_port: int) -> None:
-    """Stop only the cluster with this temp dir and GCS port: its processes name one or the other;
-    take their process trees too."""
+def stop_cluster(temp_dir: str, gcs: str) -> None:
+    """Stop only the cluster with this temp dir and GCS address (127.0.0.1:PORT): its processes name
+    one or the other; take their process trees too."""
     own = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    gcs_named = re.compile(rf"{re.escape(gcs)}(?!\d)")  # not another cluster's 127.0.0.1:41234 for :4123
 
     def ours(p: psutil.Process) -> bool:
         command = " ".join(p.info["cmdline"] or [])
-        return p.pid not in own and (temp_dir in command or f"127.0.0.1:{gcs_port}" in command)
+        return p.pid not in own and (temp_dir in command or gcs_named.search(command) is not None)
 
     roots = [p for p in psutil.process_iter(["cmdline"]) if ours(p)]
     procs = {q.pid: q for p in roots for q in [p, *p.children(recursive=True)] if q.pid not in own}
@@ -53,28 +60,36 @@ def stop_cluster(temp_dir: str, gcs_port: int) -> None:
             p.kill()
 
 
-@contextlib.contextmanager
-def ray_head_cluster() -> Iterator[RayHead]:
-    """A Ray head on 127.0.0.1 with tandem's resources, whose workers and job drivers use this
-    interpreter and can import the repo."""
-    temp_dir = tempfile.mkdtemp(prefix="tdm-", dir="/tmp")  # short: unix socket paths are limited
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "RAY_AUTH_MODE": "disabled",
-           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "JAX_PLATFORMS": "cpu"}
-    env.pop("RAY_ADDRESS", None)
+def loopback_head_flags(temp_dir: str) -> tuple[list[str], str, str]:
+    """`ray start --head` flags for a head on 127.0.0.1 that takes free ports, not Ray's defaults: the
+    test session's own local Ray (ray_session) or another session's already holds the defaults (e.g.
+    the dashboard agent's 52365), and a second cluster must not collide. Returns the flags, the
+    dashboard URL (job submission, state API) and the GCS address (ray.init)."""
     dashboard, gcs = free_port(), free_port()
-    # Every fixed default port is replaced: the test session's own local Ray (ray_session) already
-    # holds the defaults (e.g. the dashboard agent's 52365), and a second cluster must not collide.
     ports = [f"--{flag}={free_port()}" for flag in (
         "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
         "ray-client-server-port", "metrics-export-port", "node-manager-port", "object-manager-port")]
+    flags = ["--node-ip-address=127.0.0.1", f"--port={gcs}", "--dashboard-host=127.0.0.1",
+             f"--dashboard-port={dashboard}", "--disable-usage-stats", f"--temp-dir={temp_dir}", *ports]
+    return flags, f"http://127.0.0.1:{dashboard}", f"127.0.0.1:{gcs}"
+
+
+@contextlib.contextmanager
+def ray_head_cluster() -> Iterator[RayHead]:
+    """A Ray head on 127.0.0.1 with tandem's resources and token auth on, whose workers and job
+    drivers use this interpreter and can import the repo."""
+    temp_dir = tempfile.mkdtemp(prefix="tdm-", dir="/tmp")  # short: unix socket paths are limited
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+           "VLLM_CPU_KVCACHE_SPACE": "1", "JAX_PLATFORMS": "cpu"}
+    env.pop("RAY_ADDRESS", None)
+    flags, dashboard, gcs = loopback_head_flags(temp_dir)
     subprocess.run(
-        [str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
-         "--num-cpus=4", '--resources={"rollout": 2, "reward": 2}', "--dashboard-host=127.0.0.1",
-         f"--dashboard-port={dashboard}", "--disable-usage-stats", f"--temp-dir={temp_dir}", *ports],
+        [str(BIN / "ray"), "start", "--head", "--num-cpus=4", '--resources={"rollout": 2, "reward": 2}', *flags],
         env=env, check=True, capture_output=True, timeout=180,
     )
     try:
-        yield RayHead(env, f"http://127.0.0.1:{dashboard}", f"127.0.0.1:{gcs}")
+        yield RayHead(env, dashboard, gcs)
     finally:
         stop_cluster(temp_dir, gcs)
 
