@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import AuthenticationError, GetTimeoutError, RayActorError, RayTaskError
 
 from actors.config import FLEET_NAME, FLEET_NAMESPACE, ActorConfig, RestartPolicy
 from actors.rollout_actor import RolloutActor
@@ -343,11 +343,37 @@ def set_actor_count(n: int, name: str = FLEET_NAME) -> list[str]:
     return ray.get(fleet.scale.remote(n))
 
 
+class ClusterUnreachable(ConnectionError):
+    """ray.init could not join a running cluster; the message says why and how to fix it."""
+
+
+def join_cluster(address: str, **init_options) -> None:
+    """``ray.init(address=...)`` for a process joining a running cluster. Failing, it raises
+    ClusterUnreachable naming the likely fix: a head started with Ray's token auth admits only clients
+    with RAY_AUTH_MODE=token and its token; otherwise Ray gives a bare AuthenticationError or, after
+    ~20 s of retries, "Failed to connect"."""
+    try:
+        ray.init(address=address, **init_options)
+    except (ConnectionError, AuthenticationError) as error:
+        mode = os.environ.get("RAY_AUTH_MODE")  # read after the attempt: ray.init("auto") may have set it
+        if mode != "token":
+            fix = (f"RAY_AUTH_MODE is {mode or 'unset'} here. If the cluster uses token auth (`ray start` turns it on "
+                   "when RAY_AUTH_MODE=token or ~/.ray/auth_token exists), `export RAY_AUTH_MODE=token` and run again "
+                   "(README.md, 'Running it yourself')")
+        else:
+            fix = ("RAY_AUTH_MODE=token here: this process must read the token the cluster was started with "
+                   "(from RAY_AUTH_TOKEN, else the file RAY_AUTH_TOKEN_PATH names, else ~/.ray/auth_token; "
+                   "`ray get-auth-token` on the head prints it)")
+        reason = error.message if isinstance(error, AuthenticationError) else str(error)
+        raise ClusterUnreachable(f"cannot join the Ray cluster at {address!r}: {reason}. {fix}.") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description="Set the number of rollout actors of a running tandem run, or close the fleet a stopped "
                     "run left behind (its actors and reward workers wait rollout.orphan_timeout_s for a "
-                    "restarted driver).")
+                    "restarted driver). Against a cluster with Ray's token auth, run it with "
+                    "RAY_AUTH_MODE=token, like every other Ray client.")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("actors", type=int, nargs="?", help="new actor count")
     target.add_argument("--close", action="store_true", help="stop and remove the fleet, its actors and "
@@ -355,11 +381,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--address", default="auto", help="Ray cluster address")
     parser.add_argument("--name", default=FLEET_NAME, help="the run's rollout.fleet_name")
     args = parser.parse_args(argv)
-    ray.init(address=args.address, namespace=FLEET_NAMESPACE, log_to_driver=False)
-    if args.close:
-        print(f"closed {args.name}" if close_named_fleet(args.name) else f"no fleet named {args.name!r}")
-    else:
-        print(" ".join(set_actor_count(args.actors, args.name)))
+    try:
+        join_cluster(args.address, namespace=FLEET_NAMESPACE, log_to_driver=False)
+        if args.close:
+            print(f"closed {args.name}" if close_named_fleet(args.name) else f"no fleet named {args.name!r}")
+        else:
+            print(" ".join(set_actor_count(args.actors, args.name)))
+    except (ClusterUnreachable, LookupError) as error:  # one line that says what to do, not a traceback
+        raise SystemExit(f"error: {error}") from None
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ Under `ray job submit --working-dir . -- python launch/rl.py ...` the driver alr
 RAY_ADDRESS and the job's working directory on every worker's path. Run directly, the entrypoint
 starts a local Ray whose workers get the repo root on PYTHONPATH and the resources tandem's
 actors ask for (`rollout`, `reward`). On a real cluster, start nodes with those resources, e.g.
-`ray start --head --resources='{"rollout": 8, "reward": 4}'`.
+`ray start --head --resources='{"rollout": 8, "reward": 4}'`, and Ray's token auth on, as README.md's
+cluster commands do: a job's driver inherits RAY_AUTH_MODE=token and the token from its node; a
+process joining from outside needs both itself, and is told so when they are missing.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import os
 from pathlib import Path
 
 import ray
+
+from launch.config import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +39,12 @@ def connect(address: str | None = None, *, rollout_slots: int = 4, reward_slots:
             env[name] = os.environ[name]
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
+        from actors.fleet import ClusterUnreachable, join_cluster  # here: only RL runs join a cluster
+
+        try:
+            join_cluster(address, runtime_env={"env_vars": env}, log_to_driver=True)
+        except ClusterUnreachable as error:  # exit code 2 and one line (main_for), not a traceback
+            raise ConfigError(f"ray_address / RAY_ADDRESS: {error}") from None
         return False
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
