@@ -355,17 +355,23 @@ def join_cluster(address: str, **init_options) -> None:
     try:
         ray.init(address=address, **init_options)
     except (ConnectionError, AuthenticationError) as error:
-        mode = os.environ.get("RAY_AUTH_MODE")  # read after the attempt: ray.init("auto") may have set it
-        if mode != "token":
-            fix = (f"RAY_AUTH_MODE is {mode or 'unset'} here. If the cluster uses token auth (`ray start` turns it on "
-                   "when RAY_AUTH_MODE=token or ~/.ray/auth_token exists), `export RAY_AUTH_MODE=token` and run again "
-                   "(README.md, 'Running it yourself')")
-        else:
-            fix = ("RAY_AUTH_MODE=token here: this process must read the token the cluster was started with "
-                   "(from RAY_AUTH_TOKEN, else the file RAY_AUTH_TOKEN_PATH names, else ~/.ray/auth_token; "
-                   "`ray get-auth-token` on the head prints it)")
-        reason = error.message if isinstance(error, AuthenticationError) else str(error)
-        raise ClusterUnreachable(f"cannot join the Ray cluster at {address!r}: {reason}. {fix}.") from None
+        where = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
+        reason = (error.message if isinstance(error, AuthenticationError) else str(error)).rstrip(".")
+        message = f"cannot join the Ray cluster at {where or 'auto'!r}: {reason}"
+        if where or isinstance(error, AuthenticationError):  # else no cluster was found at all
+            message += f". {_token_auth_fix()}"
+        raise ClusterUnreachable(message) from None
+
+
+def _token_auth_fix() -> str:
+    mode = os.environ.get("RAY_AUTH_MODE")  # read after the attempt: ray.init("auto") may have set it
+    if mode != "token":
+        return (f"RAY_AUTH_MODE is {mode or 'unset'} here. If the cluster uses token auth (`ray start` turns it "
+                "on when RAY_AUTH_MODE=token or ~/.ray/auth_token exists), `export RAY_AUTH_MODE=token` and run "
+                "again (README.md, 'Running it yourself')")
+    return ("RAY_AUTH_MODE=token here: this process must read the token the cluster was started with (from "
+            "RAY_AUTH_TOKEN, else the file RAY_AUTH_TOKEN_PATH names, else ~/.ray/auth_token; `ray get-auth-token` "
+            "on the head prints it)")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -48,6 +48,14 @@ def test_token_mode_on_without_the_token_names_where_it_is_read(monkeypatch):
     assert "export RAY_AUTH_MODE" not in message
 
 
+def test_no_cluster_found_gets_no_token_advice(no_token_mode, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "init", failing_init(ConnectionError("Could not find any running Ray instance.")))
+    with pytest.raises(fleet.ClusterUnreachable) as caught:
+        fleet.join_cluster("auto")
+    assert str(caught.value) == "cannot join the Ray cluster at 'auto': Could not find any running Ray instance"
+
+
 def test_fleet_cli_exits_with_the_message_not_a_traceback(no_token_mode):
     with pytest.raises(SystemExit) as caught:
         fleet.main(["--close", "--address", "1.2.3.4:6379"])
