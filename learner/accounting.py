@@ -73,9 +73,8 @@ class Accounting:
 
     def add_all(self, amounts: Mapping[str, int]) -> None:
         """Add several counters at once (one admission decision's), all or none."""
-        unknown = set(amounts) - self._counts.keys()
-        if unknown:
-            raise KeyError(f"unknown counters {sorted(unknown)}")
+        if not amounts.keys() <= self._counts.keys():
+            raise KeyError(f"unknown counters {sorted(amounts.keys() - self._counts.keys())}")
         with self._lock:
             for name, amount in amounts.items():
                 self._counts[name] += amount

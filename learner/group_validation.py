@@ -8,6 +8,7 @@ unscorable reason per completion, and every string and number within its documen
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -98,11 +99,14 @@ def parse_group(msg: pb.ScoredGroup, limits: GroupLimits) -> GroupRecord:
         )
     if len(msg.completions) > MAX_GROUP_SIZE:
         raise InvalidInput(f"group has {len(msg.completions)} completions > {MAX_GROUP_SIZE}")
-    completions = [_parse_completion(i, c, limits.vocab_size) for i, c in enumerate(msg.completions)]
+    completions = [_parse_completion(i, c) for i, c in enumerate(msg.completions)]
+    _check_numbers(completions, limits.vocab_size)
     return _record(msg, prompt_ids, completions)
 
 
-def _parse_completion(i: int, c: pb.Completion, vocab_size: int | None) -> CompletionRecord:
+def _parse_completion(i: int, c: pb.Completion) -> CompletionRecord:
+    """One completion's shape, finish reason, score and text (its numbers are checked for the whole
+    group at once, by _check_numbers)."""
     where = f"completion {i}"
     token_ids = list(c.token_ids)
     logprobs = list(c.logprobs)
@@ -110,31 +114,40 @@ def _parse_completion(i: int, c: pb.Completion, vocab_size: int | None) -> Compl
         raise InvalidInput(f"{where}: empty token_ids")
     if len(logprobs) != len(token_ids):
         raise InvalidInput(f"{where}: {len(logprobs)} logprobs for {len(token_ids)} tokens")
-    _check_token_ids(f"{where} token_ids", token_ids, vocab_size)
-    values = np.asarray(logprobs, dtype=np.float64)
-    if not np.isfinite(values).all():
-        raise InvalidInput(f"{where}: non-finite logprob")
-    if (values > 0).any():
-        raise InvalidInput(f"{where}: positive logprob {values.max()}")
     if c.finish_reason not in FINISH_REASONS:
         raise InvalidInput(f"{where}: finish_reason {c.finish_reason} is not stop/length/abort")
     score = c.WhichOneof("score")
     if score is None:
         raise InvalidInput(f"{where}: neither reward nor unscorable_reason")
-    if score == "reward" and not np.isfinite(c.reward):
-        raise InvalidInput(f"{where}: non-finite reward {c.reward}")
-    if score == "unscorable_reason" and not c.unscorable_reason:
-        raise InvalidInput(f"{where}: empty unscorable_reason")
-    check_text(f"{where}: unscorable_reason", c.unscorable_reason, MAX_DETAIL_CHARS)
-    check_text(f"{where}: text", c.text, MAX_TEXT_CHARS)
-    return CompletionRecord(
-        token_ids=token_ids,
-        logprobs=logprobs,
-        finish_reason=FINISH_REASONS[c.finish_reason],
-        reward=c.reward if score == "reward" else None,
-        unscorable_reason=c.unscorable_reason if score == "unscorable_reason" else None,
-        text=c.text,
-    )
+    reward = unscorable = None
+    if score == "reward":
+        reward = c.reward
+        if not math.isfinite(reward):
+            raise InvalidInput(f"{where}: non-finite reward {reward}")
+    else:
+        unscorable = check_text(f"{where}: unscorable_reason", c.unscorable_reason, MAX_DETAIL_CHARS)
+        if not unscorable:
+            raise InvalidInput(f"{where}: empty unscorable_reason")
+    text = check_text(f"{where}: text", c.text, MAX_TEXT_CHARS)
+    return CompletionRecord(token_ids, logprobs, FINISH_REASONS[c.finish_reason], reward, unscorable, text)
+
+
+def _check_numbers(completions: list[CompletionRecord], vocab_size: int | None) -> None:
+    """Token ids in range, logprobs finite and <= 0: one pass over the whole group (the common case),
+    then, if anything is wrong, one completion at a time to name the first at fault."""
+    tokens = [t for c in completions for t in c.token_ids]
+    logprobs = np.fromiter((x for c in completions for x in c.logprobs), np.float64, len(tokens))
+    in_vocab = vocab_size is None or max(tokens) < vocab_size
+    if min(tokens) >= 0 and in_vocab and np.isfinite(logprobs).all() and logprobs.max() <= 0:
+        return
+    for i, c in enumerate(completions):
+        where = f"completion {i}"
+        _check_token_ids(f"{where} token_ids", c.token_ids, vocab_size)
+        values = np.asarray(c.logprobs, dtype=np.float64)
+        if not np.isfinite(values).all():
+            raise InvalidInput(f"{where}: non-finite logprob")
+        if (values > 0).any():
+            raise InvalidInput(f"{where}: positive logprob {values.max()}")
 
 
 def _check_token_ids(what: str, token_ids: list[int], vocab_size: int | None) -> None:
@@ -156,12 +169,9 @@ def _record(msg: pb.ScoredGroup, prompt_ids: list[int], completions: list[Comple
         metadata=check_metadata(msg.metadata),
         rejected_reason=msg.rejected_reason or None,
         timings={
-            name: check_nonnegative(f"timings.{name}", value)
-            for name, value in (
-                ("sample_seconds", t.sample_seconds),
-                ("score_seconds", t.score_seconds),
-                ("sampled_at", t.sampled_at),
-            )
+            "sample_seconds": check_nonnegative("timings.sample_seconds", t.sample_seconds),
+            "score_seconds": check_nonnegative("timings.score_seconds", t.score_seconds),
+            "sampled_at": check_nonnegative("timings.sampled_at", t.sampled_at),
         },
         received_at=time.time(),
     )

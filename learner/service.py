@@ -30,6 +30,7 @@ stream_idle_timeout_s are cancelled. All shared state is guarded by one conditio
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
@@ -171,6 +172,8 @@ class LearnerService(rpc.LearnerServicer):
         self._reaper = IdleReaper(cfg.stream_idle_timeout_s, self._reaped)
         self._sinks: dict[str, GroupStream] = {}  # actor_id -> its current group stream
         self._warned_at = -WARNING_INTERVAL_S
+        self._rules_cache = Rules(GroupLimits(0, cfg.group_size, cfg.vocab_size, cfg.max_prompt_tokens),
+                                  cfg.max_staleness)
         self._server: grpc.Server | None = None
         self._stopped = False
 
@@ -491,7 +494,7 @@ class LearnerService(rpc.LearnerServicer):
         the stream's registration ended; any other exception becomes a counted INVALID."""
         with self._cond:
             sender = self._sender(self._registry.current(actor_id, incarnation))
-            limits = self._limits()
+            limits = self._rules().limits
         try:
             outcome = examine(msg, sender, limits)
             with self._cond:
@@ -510,8 +513,7 @@ class LearnerService(rpc.LearnerServicer):
             facts = PromptFacts(state, ids, self._prompts.lease_info(group_id))
         else:
             facts = PromptFacts(state)
-        rules = Rules(self._limits(), self.config.max_staleness)
-        return decide(record, sender, facts, rules, self._queue.full())
+        return decide(record, sender, facts, self._rules(), self._queue.full())
 
     def _settle(self, decision: Decision, sender: Sender, msg: pb.ScoredGroup | Undecodable,
                 stream: GroupStream) -> pb.GroupAck:
@@ -569,16 +571,12 @@ class LearnerService(rpc.LearnerServicer):
     def _credits(self, actor_id: str) -> int:
         return self._queue.credits(actor_id, self._registry.live_count())
 
-    def _limits(self) -> GroupLimits:
-        cfg = self.config
-        with self._cond:
-            latest = self._latest_version
-        return GroupLimits(
-            latest_version=latest,
-            group_size=cfg.group_size,
-            vocab_size=cfg.vocab_size,
-            max_prompt_tokens=cfg.max_prompt_tokens,
-        )
+    def _rules(self) -> Rules:
+        """The admission rules under the latest version (rebuilt only when it changes)."""
+        if self._rules_cache.limits.latest_version != self._latest_version:
+            limits = dataclasses.replace(self._rules_cache.limits, latest_version=self._latest_version)
+            self._rules_cache = Rules(limits, self.config.max_staleness)
+        return self._rules_cache
 
     def _check_publishable(self, version: int) -> None:
         held = self._weights.latest_version
