@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from wire_helpers import FakeClock
 
 from learner import request_checks
 from learner.actor_registry import (
@@ -26,14 +27,6 @@ from tandem_wire import WIRE_VERSION, pb
 from tandem_wire.limits import MAX_ID_CHARS, MAX_LABEL_CHARS, MAX_METADATA_ENTRIES
 
 CAPS = Capabilities("test", "qwen2", 128, 4, "localhost")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_credential_names_one_actor_and_one_learner():
@@ -59,7 +52,7 @@ def test_registration_renewal_keeps_the_incarnation_and_revokes_the_old_credenti
 
 
 def test_a_registration_without_the_credential_supersedes_and_cannot_be_taken_back():
-    clock = Clock()
+    clock = FakeClock()
     registry = ActorRegistry(max_actors=8, actor_timeout_s=30, clock=clock)
     old = registry.register("a", CAPS, 0, presented=None)
     clock.now = 2.5
@@ -80,7 +73,7 @@ def test_a_registration_without_the_credential_supersedes_and_cannot_be_taken_ba
 
 
 def test_the_table_is_bounded_and_evicts_silent_actors_whose_credentials_stop_working():
-    clock = Clock()
+    clock = FakeClock()
     registry = ActorRegistry(max_actors=2, actor_timeout_s=1.0, clock=clock)
     a = registry.register("a", CAPS, 0, None)
     registry.register("b", CAPS, 0, None)

@@ -12,12 +12,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 from google.protobuf import descriptor as _descriptor
+from wire_helpers import FakeClock
 
 from actors.weight_staging import WeightTransferError, stage_weights
 from learner.accounting import GROUP_COUNTERS, balance_violations
 from learner.group_queue import GroupQueue, is_stale
 from learner.group_validation import GroupRecord
-from learner.prompt_source import PromptSource, PromptState
+from learner.prompt_source import MAX_EARLIER_HOLDERS, LeaseInfo, PromptSource, PromptState
 from learner.weight_publisher import ALIGNMENT, WeightPublisher, encode_chunk, pack_weights
 from tandem_wire import pb
 
@@ -216,14 +217,6 @@ def test_publisher_keeps_the_newest_version_and_older_ones_only_while_read():
 # ---------------------------------------------------------------- prompts
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _rows(n: int) -> list[dict]:
     return [{"prompt_ids": [i + 1, 2], "text": f"t{i}", "metadata": {"i": i}} for i in range(n)]
 
@@ -268,6 +261,24 @@ def test_expired_and_released_leases_are_reissued_and_retired_prompts_never():
         "prompts_outstanding": 3,
     }
     assert counts["prompts_leased"] - counts["prompts_reissued"] == 1 + 3
+
+
+def test_a_lease_names_its_holder_and_the_earlier_ones_and_a_restored_lease_nobody():
+    clock = FakeClock()
+    source = PromptSource(_rows(2), epochs=1, clock=clock)
+    (prompt,) = source.lease("a#1", 1, lease_seconds=1)
+    assert source.lease_info(prompt.group_id) == LeaseInfo("a#1", ())
+    for now, holder in enumerate(["b#2", "a#1", "c#3"] + [f"x#{i}" for i in range(MAX_EARLIER_HOLDERS)], 2):
+        clock.now = now
+        assert [p.group_id for p in source.lease(holder, 1, lease_seconds=1)] == [prompt.group_id]
+    info = source.lease_info(prompt.group_id)
+    assert info.holder == f"x#{MAX_EARLIER_HOLDERS - 1}" and len(info.earlier) == MAX_EARLIER_HOLDERS
+    assert info.earlier[:2] == ("c#3", "x#0")  # each holder once, the oldest dropped first
+    restored = PromptSource(_rows(2), epochs=1, clock=clock)
+    restored.load_state_dict(source.state_dict(), lease_seconds=1)
+    assert restored.lease_info(prompt.group_id) == LeaseInfo("", ())
+    source.retire(prompt.group_id)
+    assert source.lease_info(prompt.group_id) is None
 
 
 def test_prompt_state_and_unknown_keys():

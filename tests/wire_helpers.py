@@ -33,6 +33,16 @@ CAPABILITIES = {
 }
 
 
+class FakeClock:
+    """A clock that stands still until a test sets `now`."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def make_prompts(n: int, length: int = 5, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
     return [
