@@ -1,7 +1,7 @@
 """tandem's benchmark runner: one command, one table, each number next to a baseline measured in the
 same invocation (GitHub issue 9). Not part of `make test`.
 
-    .venv/bin/python launch/bench.py [--quick] [--json out.json]
+    .venv/bin/python launch/bench.py [--quick] [--json out.json] [--only SECTION ...]
 
 Rows (tandem | baseline | ratio):
   rollout    actor tokens/s inside the running RL loop (rewards, gRPC, weight pushes included), async
@@ -16,6 +16,13 @@ Rows (tandem | baseline | ratio):
              max_staleness 1)  |  synchronous (rollout.sync=true, max_staleness 0: sample, then train,
              then push); learner idle fraction (waiting in next_batch / wall) and actor idle fraction
              (blocked on credits, waiting for prompts or a version, weight-load stall / wall) in both
+  service    (only with `--only service`) the learner service's admission: groups/s admitted (QUEUED)
+             and acks/s (DUPLICATE re-sends) over one loopback StreamGroups call, per wall second and
+             per second of the server's CPU time  |  the same with the service code of the commit
+             before issue 15's checks (per-actor credentials, lease ownership, bounds, limits):
+             tests/benchmarks/bench_service.py exports that commit's learner/ and tandem_wire/ with
+             `git archive` and runs both servers side by side, alternating, best round of each
+             (needs the git history; `--service-baseline REV` picks another baseline)
 The end-to-end runs pin the rollout actors and reward workers to one half of the cores and the learner
 to the other (os.sched_setaffinity, inherited by Ray's processes), so overlap, not core count, is what
 the async/sync ratio shows. Each mode runs in a fresh process with its own local Ray; the first
@@ -44,7 +51,8 @@ multi-core host the pinning gives each side half of the cores; when RAY_ADDRESS 
 cluster only this node's processes are pinned.
 
 The pieces are importable scripts in tests/benchmarks/: bench_rollout.measure_backend,
-bench_grpo_step.measure, bench_loop.measure_mode, bench_weights.tcp_loopback_bytes_per_s.
+bench_grpo_step.measure, bench_loop.measure_mode, bench_weights.tcp_loopback_bytes_per_s,
+bench_service.measure.
 """
 
 from __future__ import annotations
@@ -63,13 +71,15 @@ sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
 DEMO_CONFIG = ROOT / "launch" / "configs" / "demo_rl.yaml"
 MIB = 2**20
 
-# (rollout prompts, G, max tokens, repeats), (GRPO batch, repeats), (RL steps, warmup), RL overrides
+# (rollout prompts, G, max tokens, repeats), (GRPO batch, repeats), (RL steps, warmup), RL overrides,
+# (service groups, rounds)
 SIZES = {
-    "default": dict(rollout=(32, 8, 64, 3), grpo=(256, 5), loop=(20, 3), overrides=[]),
+    "default": dict(rollout=(32, 8, 64, 3), grpo=(256, 5), loop=(20, 3), overrides=[], service=(3000, 5)),
     "quick": dict(rollout=(8, 4, 16, 1), grpo=(32, 2), loop=(5, 2),
                   overrides=["train.prompts_per_step=8", "rollout.prompts_per_batch=8",
-                             "rollout.queue_capacity=10"]),
+                             "rollout.queue_capacity=10"], service=(500, 2)),
 }
+MODEL_SECTIONS = ("rollout", "grpo", "loop")  # the default; they share the config and the model
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -88,6 +98,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grpo-batch", type=int)
     parser.add_argument("--grpo-prompt", type=int, default=24)
     parser.add_argument("--grpo-completion", type=int, default=8)
+    parser.add_argument("--only", nargs="+", choices=(*MODEL_SECTIONS, "service"),
+                        help=f"run only these sections (default: {' '.join(MODEL_SECTIONS)})")
+    parser.add_argument("--service-baseline", help="git revision of the service rows' baseline "
+                                                   "(default: bench_service.BASELINE)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the RL config")
     return parser.parse_args(argv)
 
@@ -137,6 +151,14 @@ def loop_rows(args: argparse.Namespace, sizes: dict, overrides: list[str], confi
     }
 
 
+def service_rows(args: argparse.Namespace, sizes: dict) -> dict:
+    """The learner service's admission throughput, this tree vs the baseline commit's service."""
+    import bench_service
+
+    groups, rounds = sizes["service"]
+    return bench_service.measure(groups, rounds, args.service_baseline or bench_service.BASELINE)
+
+
 def rate(r: dict) -> float:
     return r["tokens"] / r["seconds"]
 
@@ -178,6 +200,14 @@ def table(results: dict) -> list[tuple[str, float | None, float | None, str]]:
                  ("end to end: learner idle fraction, async vs sync", a["learner_idle"], s["learner_idle"],
                   "frac"),
                  ("end to end: actor idle fraction, async vs sync", a["actor_idle"], s["actor_idle"], "frac")]
+    service = results.get("service")
+    if service:
+        after, before = service["best"]["after"], service["best"]["before"]
+        for key, what, unit in (("groups_per_s", "groups admitted (QUEUED) per second", "groups/s"),
+                                ("acks_per_s", "acks (DUPLICATE) per second", "acks/s"),
+                                ("groups_per_cpu_s", "groups admitted per server CPU second", "groups/cpu-s"),
+                                ("acks_per_cpu_s", "acks per server CPU second", "acks/cpu-s")):
+            rows.append((f"service: {what}, checked vs before issue 15", after[key], before[key], unit))
     return rows
 
 
@@ -194,16 +224,14 @@ def format_table(rows: list[tuple[str, float | None, float | None, str]]) -> str
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def model_sections(args: argparse.Namespace, sizes: dict, selected: list[str], results: dict) -> None:
+    """The rollout, GRPO and RL-loop sections (those `selected`), on the config's model."""
     from launch.config import load_config
     from models.tiny import make_tiny_model
 
-    sizes = SIZES["quick" if args.quick else "default"]
     overrides = [*sizes["overrides"], *args.overrides]
     if args.actors:
         overrides.append(f"rollout.num_actors={args.actors}")
-    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         config = load_config(args.config, overrides)
         model_dir = args.model_dir or Path(config.model.path or "")
@@ -212,16 +240,31 @@ def main(argv: list[str] | None = None) -> int:
                                         **config.model.tiny.model_dump())
         overrides.append(f"model.path={model_dir}")
         config = load_config(args.config, overrides)
-        results: dict = {"quick": args.quick, "config": str(args.config), "model_dir": str(model_dir),
-                         "overrides": overrides}
+        results.update({"config": str(args.config), "model_dir": str(model_dir), "overrides": overrides})
         for name, measure in (("rollout", lambda: rollout_rows(args, sizes, model_dir, config)),
                               ("grpo", lambda: grpo_rows(args, sizes)),
                               ("loop", lambda: loop_rows(args, sizes, overrides, config))):
-            section = time.perf_counter()
-            print(f"[bench] {name} ...", file=sys.stderr, flush=True)
-            results[name] = measure()
-            print(f"[bench] {name} done in {time.perf_counter() - section:.0f} s", file=sys.stderr,
-                  flush=True)
+            if name in selected:
+                run_section(results, name, measure)
+
+
+def run_section(results: dict, name: str, measure) -> None:
+    section = time.perf_counter()
+    print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+    results[name] = measure()
+    print(f"[bench] {name} done in {time.perf_counter() - section:.0f} s", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = SIZES["quick" if args.quick else "default"]
+    selected = args.only or list(MODEL_SECTIONS)
+    started = time.perf_counter()
+    results: dict = {"quick": args.quick, "sections": selected}
+    if set(selected) & set(MODEL_SECTIONS):
+        model_sections(args, sizes, selected, results)
+    if "service" in selected:
+        run_section(results, "service", lambda: service_rows(args, sizes))
     results["wall_s"] = time.perf_counter() - started
     rows = table(results)
     results["table"] = [dict(zip(("measure", "tandem", "baseline", "unit"), r, strict=True)) for r in rows]
