@@ -280,19 +280,27 @@ class LearnerClient:
 
     def report_weights(
         self, version: int, applied: bool, detail: str = "", stall_s: float = 0.0, transfer_s: float = 0.0
-    ) -> None:
-        """Tell the learner whether `version` was applied (a long `detail` is cut to the learner's bound)."""
-        self._unary(
-            "ReportWeights",
-            pb.WeightReport(
-                actor_id=self.actor_id,
-                version=version,
-                applied=applied,
-                detail=detail[:MAX_DETAIL_CHARS],
-                stall_seconds=stall_s,
-                transfer_seconds=transfer_s,
-            ),
+    ) -> bool:
+        """Tell the learner whether `version` was applied (a long `detail` is cut to the learner's
+        bound). Returns False, without raising, when the learner refuses the report: a learner that
+        restarted since the fetch never published that version, and a report is only telemetry."""
+        report = pb.WeightReport(
+            actor_id=self.actor_id,
+            version=version,
+            applied=applied,
+            detail=detail[:MAX_DETAIL_CHARS],
+            stall_seconds=stall_s,
+            transfer_seconds=transfer_s,
         )
+        try:
+            self._unary("ReportWeights", report)
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                raise
+            log.warning("%s: the learner refused the report on weight version %d: %s", self.actor_id, version,
+                        error.details())
+            return False
+        return True
 
     def status(self) -> pb.StatusReply:
         return self._unary("Status", pb.StatusRequest())

@@ -201,6 +201,10 @@ def test_6_weight_reports_must_name_a_published_version():
         (view,) = service.actors_status()
         assert view.weight_version == 2 and view.last_weight_report["version"] == 2
         assert service.accounting()["weight_reports_refused"] == 2
+        client = connected_client(address, "restarted-learner-reader")  # the actor side never raises on it
+        assert client.report_weights(2, applied=True) and not client.report_weights(999, applied=True)
+        assert service.accounting()["weight_reports_refused"] == 3
+        client.close()
         actor.close()
         assert_honest_actor_served(service, address)
 
