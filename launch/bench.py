@@ -21,7 +21,7 @@ Rows (tandem | baseline | ratio):
              per second of the server's CPU time  |  the same with the service code of the commit
              before issue 15's checks (per-actor credentials, lease ownership, bounds, limits):
              tests/benchmarks/bench_service.py exports that commit's learner/ and tandem_wire/ with
-             `git archive` and runs both servers side by side, alternating, best round of each
+             `git archive` and runs both servers side by side, alternating, median round of each
              (needs the git history; `--service-baseline REV` picks another baseline)
 The end-to-end runs pin the rollout actors and reward workers to one half of the cores and the learner
 to the other (os.sched_setaffinity, inherited by Ray's processes), so overlap, not core count, is what
@@ -74,10 +74,10 @@ MIB = 2**20
 # (rollout prompts, G, max tokens, repeats), (GRPO batch, repeats), (RL steps, warmup), RL overrides,
 # (service groups, rounds)
 SIZES = {
-    "default": dict(rollout=(32, 8, 64, 3), grpo=(256, 5), loop=(20, 3), overrides=[], service=(3000, 5)),
+    "default": dict(rollout=(32, 8, 64, 3), grpo=(256, 5), loop=(20, 3), overrides=[], service=(3000, 7)),
     "quick": dict(rollout=(8, 4, 16, 1), grpo=(32, 2), loop=(5, 2),
                   overrides=["train.prompts_per_step=8", "rollout.prompts_per_batch=8",
-                             "rollout.queue_capacity=10"], service=(500, 2)),
+                             "rollout.queue_capacity=10"], service=(500, 3)),
 }
 MODEL_SECTIONS = ("rollout", "grpo", "loop")  # the default; they share the config and the model
 
@@ -202,7 +202,7 @@ def table(results: dict) -> list[tuple[str, float | None, float | None, str]]:
                  ("end to end: actor idle fraction, async vs sync", a["actor_idle"], s["actor_idle"], "frac")]
     service = results.get("service")
     if service:
-        after, before = service["best"]["after"], service["best"]["before"]
+        after, before = service["median"]["after"], service["median"]["before"]
         for key, what, unit in (("groups_per_s", "groups admitted (QUEUED) per second", "groups/s"),
                                 ("acks_per_s", "acks (DUPLICATE) per second", "acks/s"),
                                 ("groups_per_cpu_s", "groups admitted per server CPU second", "groups/cpu-s"),
