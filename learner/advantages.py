@@ -39,8 +39,9 @@ def group_advantages(
     std is the sample std (ddof=1, as tunix and TRL); std_normalize=False gives Dr.GRPO's
     A_ij = R_ij − mean_j R_ij. A group is *zero-signal* when it has fewer than two scorable
     completions or all its scorable rewards are equal: every advantage in it is 0. With
-    dynamic_sampling='drop' its completions also get weight 0 (DAPO's dynamic sampling: the group is
-    out of the loss and its denominators); 'count' and 'off' keep them in the loss (KL term only).
+    dynamic_sampling='drop' or 'fill' its completions also get weight 0 (DAPO's dynamic sampling: the
+    group is out of the loss and its denominators; with 'fill' the RL loop has already replaced such
+    groups); 'count' and 'off' keep them in the loss (KL term only).
 
     Args:
       rewards: [N, G] float; NaN marks an unscorable completion.
@@ -74,7 +75,7 @@ def group_advantages(
     advantages = np.where(zero_signal, 0.0, centred)
 
     weights = valid.copy()
-    if dynamic_sampling == "drop":
+    if dynamic_sampling in ("drop", "fill"):
         weights &= ~zero_signal
     return GroupAdvantages(
         advantages=advantages.astype(np.float32),
@@ -83,3 +84,9 @@ def group_advantages(
         num_unscorable=int((~valid).sum()),
         num_zero_signal_groups=int(zero_signal.sum()),
     )
+
+
+def has_signal(rewards: list[float | None]) -> bool:
+    """Whether one group's rewards (None: unscorable) give any non-zero advantage."""
+    row = np.array([[np.nan if r is None else r for r in rewards]], np.float64)
+    return group_advantages(row).num_zero_signal_groups == 0

@@ -24,11 +24,11 @@ import jax.numpy as jnp
 
 Algorithm = Literal["grpo", "gspo", "gspo-token"]
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant"]
-DynamicSampling = Literal["off", "drop", "count"]
+DynamicSampling = Literal["off", "drop", "fill", "count"]
 
 ALGORITHMS: tuple[str, ...] = ("grpo", "gspo", "gspo-token")
 AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant")
-DYNAMIC_SAMPLING: tuple[str, ...] = ("off", "drop", "count")
+DYNAMIC_SAMPLING: tuple[str, ...] = ("off", "drop", "fill", "count")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +45,10 @@ class LossConfig:
     tis_cap:             truncated importance sampling cap C between the learner's own π_old and
                          the behaviour logprobs; None disables it.
     dynamic_sampling:    groups whose rewards are all equal carry no signal: 'drop' removes them
-                         from the loss (and its denominators); 'count' keeps them in the batch and
-                         reports how many there were; 'off' keeps them and makes no distinction.
+                         from the loss (and its denominators); 'fill' (DAPO) has the RL loop retire
+                         them and take more groups until the batch is full of groups with signal;
+                         'count' keeps them in the batch and reports how many there were; 'off'
+                         keeps them and makes no distinction.
     """
 
     algorithm: Algorithm = "grpo"

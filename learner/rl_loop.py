@@ -4,9 +4,12 @@
     start the gRPC service; publish the current weights as the current version
     repeat until `steps`:
         groups  ← service.next_batch(P)            validated, de-duplicated, fresh (≤ max_staleness)
+                  (dynamic_sampling='fill': zero-signal groups are retired and counted, and more
+                   are taken until P groups have signal or max_fill_batches·P were taken)
         batch   ← assemble_rl_batch(groups)        padded arrays + group-relative advantages
-        metrics ← trainer.rl_step(batch)
+        metrics ← trainer.rl_step(batch)           skipped (AdamW untouched) when nothing has signal
         service.mark_consumed(groups)              prompts retired; actors told CONSUMED
+        guard: an entropy / update-norm jump warns, stops the run, or rolls back to the last checkpoint
         every publish_every steps: version += 1; service.publish_weights(version, params)
         checkpoint (service.state_dict() inside, so params and retired prompts stay consistent)
 
@@ -23,16 +26,21 @@ before the crash are older than max_staleness and dropped as stale (their prompt
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from learner.advantages import has_signal
 from learner.checkpoint import Checkpointer
+from learner.guard import GuardConfig, JumpDetector
 from learner.metrics import MetricsWriter
 from learner.rl_batch import assemble_rl_batch, pow2_buckets
 from learner.service import GroupRecord, LearnerService
-from learner.train_step import Trainer
+from learner.train_step import SKIPPED, Trainer
+
+log = logging.getLogger(__name__)
 
 StepCallback = Callable[[int, dict[str, float]], None]
 
@@ -49,6 +57,8 @@ class RLLoopConfig:
     publish_every: int = 1
     batch_timeout_s: float = 900.0     # give up when no group arrives for this long
     min_bucket_len: int = 16
+    max_fill_batches: int = 4          # dynamic_sampling='fill' takes at most this many × P groups a step
+    guard: GuardConfig = GuardConfig()
 
 
 class NoRolloutsError(RuntimeError):
@@ -68,6 +78,12 @@ class RLLoop:
         self.version = 0
         self.last_groups: list[GroupRecord] = []  # what the last step trained on (for on_step hooks)
         self._abort_reason = ""
+        # Learner-side counts (checkpointed): updates skipped for lack of signal, zero-signal groups
+        # retired by dynamic_sampling='fill' (they are in groups_consumed too), guard events.
+        self.counts = {"updates_skipped": 0, "groups_zero_signal_dropped": 0, "rollbacks": 0}
+        self.guard_events: list[dict[str, Any]] = []
+        self.stopped_by_guard = ""
+        self._detector = JumpDetector(config.guard)
 
     def abort(self, reason: str) -> None:
         """Stop waiting for groups: ``run`` raises NoRolloutsError(reason) within seconds. Thread-safe
@@ -81,43 +97,90 @@ class RLLoop:
             self.trainer.state = restored.state
             self.step, self.version = restored.step, restored.weight_version + RESTART_VERSION_STRIDE
             self.service.load_state_dict(restored.extra["service"])
+            self.counts.update(restored.extra.get("loop", {}))
         bound = self.service.start(address)
         self.service.set_step(self.step)
         self.service.publish_weights(self.version, self.trainer.hf_tensors())
         return bound
 
     def run(self, on_step: StepCallback | None = None) -> dict[str, Any]:
-        """Train until `config.steps`; returns the final accounting."""
+        """Train until `config.steps` (or the guard stops it); returns the final accounting."""
+        started = time.monotonic()
         while self.step < self.config.steps:
             waited = time.perf_counter()
             groups = self._next_groups()
             wait_s = time.perf_counter() - waited
             metrics = self._train_on(groups)
             metrics["learner_wait_s"] = wait_s  # idle: waiting for scored groups in next_batch
+            metrics["wall_s"] = time.monotonic() - started  # since this process started training
             self.step += 1
             self.last_groups = groups
             self.service.mark_consumed([g.group_id for g in groups])
             self.service.set_step(self.step)
-            if self.step % self.config.publish_every == 0 or self.step == self.config.steps:
-                started = time.perf_counter()
-                self.version += 1
-                self.service.publish_weights(self.version, self.trainer.hf_tensors())
-                metrics["publish_s"] = time.perf_counter() - started
-            self.checkpointer.save(self.step, self.trainer.state, {"service": self.service.state_dict()},
-                                   weight_version=self.version, force=self.step == self.config.steps)
+            self.counts["updates_skipped"] += int(metrics.get("update_skipped", 0))
+            stop = self._guard(metrics)
+            if not stop:  # a run the guard stops keeps its last checkpoint, not the jumped params
+                self._publish_and_checkpoint(metrics)
             metrics.update(self._live_counts())
             if self.writer is not None:
                 self.writer.write(self.step, metrics)
             if on_step is not None:
                 on_step(self.step, metrics)
+            if stop:
+                break
         self.checkpointer.wait()
         return self.service.accounting()
 
+    def _publish_and_checkpoint(self, metrics: dict[str, float]) -> None:
+        if self.step % self.config.publish_every == 0 or self.step == self.config.steps:
+            started = time.perf_counter()
+            self.version += 1
+            self.service.publish_weights(self.version, self.trainer.hf_tensors())
+            metrics["publish_s"] = time.perf_counter() - started
+        self.checkpointer.save(self.step, self.trainer.state,
+                               {"service": self.service.state_dict(), "loop": self.counts},
+                               weight_version=self.version, force=self.step == self.config.steps)
+
+    def _guard(self, metrics: dict[str, float]) -> bool:
+        """Apply the guard to this step's metrics; True when the run must stop now."""
+        guard = self.config.guard
+        jumps = [] if guard.action == "off" else self._detector.observe(self.step, metrics)
+        metrics["guard_jumps"] = float(len(jumps))
+        if not jumps:
+            return False
+        action = guard.action
+        if action == "rollback" and self.counts["rollbacks"] >= guard.max_rollbacks:
+            action = "stop"
+        reason = "; ".join(j.reason for j in jumps)
+        self.guard_events.append({"step": self.step, "reason": reason, "action": action})
+        log.warning("guard: %s (action: %s)", reason, action)
+        if action == "stop":
+            self.stopped_by_guard = f"stopped at step {self.step}: {reason}"
+            return True
+        if action == "rollback":
+            self.checkpointer.wait()
+            restored = self.checkpointer.restore(self.trainer.state)
+            if restored is None:
+                self.stopped_by_guard = f"stopped at step {self.step} (no checkpoint to roll back to): {reason}"
+                return True
+            # Groups consumed since that checkpoint stay retired: their updates are what is undone.
+            self.trainer.state = restored.state
+            self.counts["rollbacks"] += 1
+            self._detector.reset()
+            metrics["rolled_back_to_step"] = float(restored.step)
+        return False
+
     def _next_groups(self) -> list[GroupRecord]:
-        """Exactly `prompts_per_step` groups; waits while actors sample."""
+        """`prompts_per_step` groups; waits while actors sample. With dynamic_sampling='fill' only
+        groups with signal count: the zero-signal ones are retired (marked consumed) and counted, and
+        after max_fill_batches × P groups the step trains on the groups with signal it has."""
+        fill = self.trainer.loss_config.dynamic_sampling == "fill"
         groups: list[GroupRecord] = []
+        taken = 0
         deadline = time.monotonic() + self.config.batch_timeout_s
         while len(groups) < self.config.prompts_per_step:
+            if fill and taken >= self.config.max_fill_batches * self.config.prompts_per_step:
+                break
             if self._abort_reason:
                 raise NoRolloutsError(f"run aborted: {self._abort_reason}")
             remaining = deadline - time.monotonic()
@@ -128,10 +191,19 @@ class RLLoop:
             fresh = self.service.next_batch(self.config.prompts_per_step - len(groups), timeout=min(remaining, 5.0))
             if fresh:
                 deadline = time.monotonic() + self.config.batch_timeout_s
+            taken += len(fresh)
+            if fill:
+                zero = [g for g in fresh if not has_signal([c.reward for c in g.completions])]
+                if zero:
+                    self.service.mark_consumed([g.group_id for g in zero])
+                    self.counts["groups_zero_signal_dropped"] += len(zero)
+                    fresh = [g for g in fresh if g not in zero]
             groups += fresh
         return groups
 
     def _train_on(self, groups: list[GroupRecord]) -> dict[str, float]:
+        if not groups:  # dynamic_sampling='fill' found no group with signal
+            return dict(SKIPPED)
         started = time.perf_counter()
         batch, stats = assemble_rl_batch(
             groups, pad_id=self.pad_id, current_version=self.version, length_buckets=self.buckets,
@@ -150,6 +222,7 @@ class RLLoop:
         keys = ("groups_consumed", "groups_stale", "groups_duplicate", "groups_invalid",
                 "completions_unscorable", "prompts_too_long", "groups_in_queue")
         live = {k: float(counts.get(k, 0)) for k in keys}
+        live.update({k: float(v) for k, v in self.counts.items()})
         live["weight_version"] = float(self.version)
         live["actors"] = float(len(actors))
         live["actor_tokens_per_s"] = float(sum(a.tokens_per_second for a in actors))

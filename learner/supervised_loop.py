@@ -6,6 +6,7 @@ position, so a resumed run sees exactly the batches the uninterrupted one would 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from learner.checkpoint import Checkpointer
@@ -25,8 +26,10 @@ def run_supervised(trainer: Trainer, batches: PackedBatches, checkpointer: Check
         trainer.state, start = restored.state, restored.step
         if restored.data_position is not None:
             batches.position = restored.data_position
+    started = time.monotonic()
     for step in range(start + 1, steps + 1):
         metrics = trainer.sft_step(next(batches))
+        metrics["wall_s"] = time.monotonic() - started  # since this process started training
         checkpointer.save(step, trainer.state, data_position=batches.position, force=step == steps)
         if writer is not None:
             writer.write(step, metrics)

@@ -50,8 +50,9 @@ def write_rl_data(path: Path, n: int = 96, seed: int = 0) -> Path:
     return path
 
 
-def tiny_run(run_dir: Path, *, steps: int, checkpoint_every: int = 1, port: int = 0):
-    """A prepared launch Run: tiny model, few steps, P=4 prompts × G=4 completions × 4 tokens."""
+def tiny_run(run_dir: Path, *, steps: int, checkpoint_every: int = 1, port: int = 0, overrides: list[str] = ()):
+    """A prepared launch Run: tiny model, few steps, P=4 prompts × G=4 completions × 4 tokens;
+    `overrides` are further config key=value pairs."""
     from launch.config import load_config
     from launch.stages import prepare
 
@@ -64,7 +65,8 @@ def tiny_run(run_dir: Path, *, steps: int, checkpoint_every: int = 1, port: int 
                  "optim.warmup_steps=0", f"rollout.group_size={GROUP_SIZE}", "rollout.max_tokens=4",
                  "rollout.max_prompt_tokens=16", "rollout.max_model_len=32", "rollout.kv_cache_gib=0.125",
                  "rollout.prompts_per_batch=4", "rollout.num_cpus=0", "rollout.queue_capacity=8",
-                 f"rollout.lease_seconds={LEASE_SECONDS}", "rollout.max_staleness=1", f"server.port={port}"]
+                 f"rollout.lease_seconds={LEASE_SECONDS}", "rollout.max_staleness=1", f"server.port={port}",
+                 *overrides]
     return prepare(load_config(None, overrides), "rl")
 
 

@@ -1,0 +1,132 @@
+"""The real RL loop, fed over real gRPC: DAPO dynamic sampling ('fill') and the jump guard.
+
+An actor thread (a real LearnerClient on loopback) leases prompts and answers each with a group
+whose rewards are all equal (zero signal) for every other prompt, mixed for the rest. With
+`dynamic_sampling: fill` every step must train on exactly P groups with signal, the zero-signal
+groups must be retired and counted once, and the exactly-once accounting must balance. The guard
+must stop a run, or roll it back to its checkpoint, at the step whose update norm jumps.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from reliability_helpers import GROUP_SIZE, PROMPTS_PER_STEP, build_learner, tiny_run
+from wire_helpers import CAPABILITIES
+
+from actors.learner_client import LearnerClient
+from learner.accounting import balance_violations
+from learner.advantages import has_signal
+from learner.rl_loop import RLLoop
+from tandem_wire import WIRE_VERSION, pb
+
+STEPS = 3
+
+
+def _group(lease, actor_id: str, version: int, zero_signal: bool) -> pb.ScoredGroup:
+    group = pb.ScoredGroup(wire_version=WIRE_VERSION, group_id=lease.group_id, actor_id=actor_id,
+                           policy_version=version, prompt_token_ids=lease.prompt_ids, metadata=lease.metadata,
+                           timings=pb.Timings(sample_seconds=0.1, score_seconds=0.01))
+    for i in range(GROUP_SIZE):
+        group.completions.add(token_ids=[7, 8, 2], logprobs=[-1.0, -1.5, -0.5],
+                              finish_reason=pb.FINISH_REASON_STOP, text="x",
+                              reward=0.0 if zero_signal else float(i % 2))
+    return group
+
+
+def _actor(address: str, stop: threading.Event, latest_version) -> None:
+    client = LearnerClient(address, "actor-fill")
+    client.register({**CAPABILITIES, "group_size": GROUP_SIZE, "max_model_len": 64}, weight_version=0)
+    try:
+        while not stop.is_set():
+            leases, _ = client.lease_prompts(4)
+            for lease in leases:
+                if client.is_unacked(lease.group_id):  # re-issued after its lease expired; already sent
+                    continue
+                zero = int(lease.group_id.split(":")[1]) % 2 == 0  # key "epoch:index": every other prompt
+                try:
+                    client.send_group(_group(lease, "actor-fill", latest_version(), zero), timeout=5)
+                except TimeoutError:  # the learner is busy (compiling): the group stays queued in the client
+                    pass
+            if not leases:
+                stop.wait(0.05)
+    finally:
+        client.close()
+
+
+def _run_loop(run, on_step=None, jump_at_update: int | None = None) -> tuple[RLLoop, dict]:
+    """Start the run's learner, feed it from an actor thread until the loop returns; on_step gets
+    (loop, step, metrics). With
+    jump_at_update=k the k-th update reports a 100× update norm (the real one otherwise)."""
+    loop = build_learner(run)
+    if jump_at_update is not None:
+        real_step, calls = loop.trainer.rl_step, []
+
+        def rl_step(batch):
+            metrics = real_step(batch)
+            calls.append(metrics)
+            if len(calls) == jump_at_update:
+                metrics["update_norm"] = 100 * calls[0]["update_norm"]
+            return metrics
+
+        loop.trainer.rl_step = rl_step
+    address = loop.start("127.0.0.1:0")
+    stop = threading.Event()
+    actor = threading.Thread(target=_actor, args=(address, stop, lambda: loop.version), daemon=True)
+    actor.start()
+    try:
+        accounting = loop.run(on_step=None if on_step is None else lambda step, m: on_step(loop, step, m))
+    finally:
+        stop.set()
+        actor.join(timeout=30)
+        loop.service.stop(grace=0)
+        loop.checkpointer.close()
+    return loop, accounting
+
+
+@pytest.mark.parametrize("mode", ["fill", "off"])
+def test_fill_trains_on_p_groups_with_signal_and_accounting_balances(tmp_path, mode):
+    run = tiny_run(tmp_path / mode, steps=STEPS, checkpoint_every=10, overrides=[f"algo.dynamic_sampling='{mode}'"])
+    trained: list[list[bool]] = []
+    loop, accounting = _run_loop(run, on_step=lambda loop, step, m: trained.append(
+        [has_signal([c.reward for c in g.completions]) for g in loop.last_groups]))
+
+    assert balance_violations(accounting) == []
+    assert len(trained) == STEPS
+    dropped = loop.counts["groups_zero_signal_dropped"]
+    if mode == "fill":
+        assert all(len(step) == PROMPTS_PER_STEP and all(step) for step in trained)
+        assert dropped > 0
+        # every consumed group was either trained on or dropped as zero-signal, each counted once
+        assert accounting["groups_consumed"] == STEPS * PROMPTS_PER_STEP + dropped
+    else:
+        assert dropped == 0
+        assert accounting["groups_consumed"] == STEPS * PROMPTS_PER_STEP
+        assert not all(all(step) for step in trained)  # zero-signal groups were trained on
+
+
+GUARD = ["train.guard.min_history=2", "train.guard.window=3", "algo.dynamic_sampling=fill"]
+
+
+def test_guard_stops_the_run_at_the_jump_and_keeps_the_checkpoint_before_it(tmp_path):
+    run = tiny_run(tmp_path / "stop", steps=6, checkpoint_every=1, overrides=[*GUARD, "train.guard.action=stop"])
+    loop, accounting = _run_loop(run, jump_at_update=4)
+    assert balance_violations(accounting) == []
+    (event,) = loop.guard_events
+    assert event == {"step": 4, "action": "stop", "reason": event["reason"]}
+    assert "update_norm jumped" in event["reason"] and loop.stopped_by_guard.startswith("stopped at step 4")
+    assert loop.step == 4 and loop.checkpointer.latest_step() == 3  # the jumped params were not saved
+
+
+def test_guard_rolls_back_to_the_last_checkpoint_and_goes_on(tmp_path):
+    run = tiny_run(tmp_path / "rollback", steps=6, checkpoint_every=1,
+                   overrides=[*GUARD, "train.guard.action=rollback"])
+    rolled: dict[int, float] = {}
+    loop, accounting = _run_loop(run, jump_at_update=4, on_step=lambda loop, step, m: rolled.update(
+        {step: m["rolled_back_to_step"]} if "rolled_back_to_step" in m else {}))
+    assert balance_violations(accounting) == []
+    assert [(e["step"], e["action"]) for e in loop.guard_events] == [(4, "rollback")]
+    assert rolled == {4: 3.0} and loop.counts["rollbacks"] == 1
+    assert loop.step == 6 and not loop.stopped_by_guard
+    assert int(loop.trainer.state.step) == 5  # 6 updates, the 4th undone
