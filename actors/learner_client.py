@@ -510,5 +510,5 @@ class LearnerClient:
                         self._to_send.remove(group_id)
                     if ack.status in (pb.ACK_STATUS_INVALID, pb.ACK_STATUS_STALE):
                         self.rejections.append((group_id, name, ack.detail))
-                        log.warning("group %s %s: %s", group_id, name, ack.detail)
+                        log.debug("group %s %s: %s", group_id, name, ack.detail)  # counted; the learner logs it too
             self._cond.notify_all()

@@ -345,7 +345,7 @@ class RolloutActor:
             self.version = staged.version
         self.counters.weight_updates.append(WeightUpdate(staged.version, transfer_s, stall_s))
         self._report_weights(staged.version, applied=True, detail="", stall_s=stall_s, transfer_s=transfer_s)
-        log.info("%s: applied weight version %d (transfer %.3fs, stall %.3fs)", self.actor_id, staged.version,
+        log.debug("%s: applied weight version %d (transfer %.3fs, stall %.3fs)", self.actor_id, staged.version,
                  transfer_s, stall_s)
 
     def _reject(self, version: int, detail: str, transfer_s: float, retry_after_s: float) -> None:

@@ -24,7 +24,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKER_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "TOKENIZERS_PARALLELISM": "false",
-    "VLLM_LOGGING_LEVEL": "WARNING",
+    # vLLM's CPU worker repeats the same warnings on every engine start and weight update (thread
+    # binding, missing tcmalloc, kernel dispatch); VLLM_LOGGING_LEVEL=WARNING brings them back.
+    "VLLM_LOGGING_LEVEL": "ERROR",
 }
 
 

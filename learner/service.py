@@ -559,7 +559,10 @@ class LearnerService(rpc.LearnerServicer):
             stream.offer(self._ack(actor_id, group_id, status, detail))
 
     def _ack(self, actor_id: str, group_id: str, status: int, detail: str) -> pb.GroupAck:
-        """An ack; it echoes at most MAX_ID_CHARS of the id and MAX_ACK_DETAIL_CHARS of the detail."""
+        """An ack; it echoes at most MAX_ID_CHARS of the id and MAX_ACK_DETAIL_CHARS of the detail.
+        Each refusal's detail goes to the debug log only: the console shows the counters."""
+        if status not in (pb.ACK_STATUS_QUEUED, pb.ACK_STATUS_CONSUMED):
+            log.debug("group %.64s from %.64s: %s: %.256s", group_id, actor_id, pb.AckStatus.Name(status), detail)
         return pb.GroupAck(
             group_id=group_id[:MAX_ID_CHARS],
             status=status,
