@@ -27,8 +27,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 env: $(STAMP)
 
+# `make demo DEMO_ARGS="--seed 1"` runs another seed.
 demo: env
-	$(PY) launch/demo.py
+	$(PY) launch/demo.py $(DEMO_ARGS)
 
 test: env
 	$(PY) -m pytest tests

@@ -1,38 +1,58 @@
-"""The embedded demo's synthetic task: addition of two n-digit numbers, generated locally.
+"""The embedded demo's synthetic task: arithmetic on n-digit numbers, generated locally.
 
-One held-out set of pairs is drawn first and excluded from every training stage, so the
-accuracy printed after pretraining, SFT and RL is measured on pairs the model never saw.
-Files written (jsonl, `datasets`-loadable):
-  pretrain.jsonl  {"text": "123+456=579"}  (+ a fraction of subtraction lines as distractors)
-  sft.jsonl       {"messages": [{"role": "user", "content": "123+456"},
-                                {"role": "assistant", "content": "579"}]}
-  rl.jsonl        {"prompt": "123+456", "answer": "579"}
-  heldout.jsonl   {"prompt": ..., "answer": ...}
+The stages are chosen so that RL has room to improve for a reason that does not depend on how far
+a stage happened to train (see README, "What the demo does"):
+  pretraining  plain-text lines with both operations: "123+456=579" and "579-123=456";
+  SFT          the chat format, with *addition only*: "<user>123+456<asst>" -> "579<eos>";
+  RL           chat-format *subtraction*, "<user>579-123<asst>": no supervised example shows
+               it, so only the verifier (exact match) says which answer is right.
+
+Held-out pairs are drawn first and excluded from every stage (as unordered pairs, so neither
+operation of a held-out pair is ever trained on). Files written (jsonl, `datasets`-loadable):
+  pretrain.jsonl          {"text": "123+456=579"} / {"text": "579-123=456"}
+  sft.jsonl               {"messages": [{"role": "user", "content": "123+456"},
+                                        {"role": "assistant", "content": "579"}]}
+  rl.jsonl                {"prompt": "579-123", "answer": "456"}
+  heldout.jsonl           the RL task on held-out pairs (chat subtraction): every stage's eval
+  heldout_addition.jsonl  the SFT task on held-out pairs (chat addition)
+  heldout_raw.jsonl       plain-text subtraction on held-out pairs, {"prompt": "579-123=", ...}:
+                          what pretraining alone can do (evaluate with prompt_format="raw")
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 ALPHABET = "0123456789+-="
+SPLITS = ("pretrain", "sft", "rl", "heldout", "heldout_addition", "heldout_raw")
 
 
 def _pairs(rng: random.Random, digits: int, excluded: set[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+    """Random (a, b) of `digits` digits each, never one whose unordered pair is in `excluded`."""
     low, high = 10 ** (digits - 1), 10**digits - 1
     while True:
-        pair = (rng.randint(low, high), rng.randint(low, high))
-        if pair not in excluded:
-            yield pair
+        a, b = rng.randint(low, high), rng.randint(low, high)
+        if (min(a, b), max(a, b)) not in excluded:
+            yield a, b
 
 
-def _write_jsonl(path: Path, rows: Iterator[dict] | list[dict]) -> Path:
+def _write_jsonl(path: Path, rows: Iterable[dict]) -> Path:
     with path.open("w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
     return path
+
+
+def addition(a: int, b: int) -> tuple[str, str]:
+    return f"{a}+{b}", str(a + b)
+
+
+def subtraction(a: int, b: int) -> tuple[str, str]:
+    """The larger minus the smaller, so every answer is a non-negative number."""
+    return f"{max(a, b)}-{min(a, b)}", str(abs(a - b))
 
 
 def make_arithmetic_data(
@@ -41,46 +61,47 @@ def make_arithmetic_data(
     seed: int = 0,
     digits: int = 3,
     heldout: int = 512,
-    pretrain_lines: int = 200_000,
+    pretrain_lines: int = 400_000,
     sft_examples: int = 20_000,
     rl_prompts: int = 20_000,
-    subtraction_fraction: float = 0.3,
+    subtraction_fraction: float = 0.5,
 ) -> dict[str, Path]:
-    """Write the four splits under out_dir and return their paths (idempotent for a seed)."""
+    """Write the splits under out_dir and return their paths (deterministic for a seed)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     held: set[tuple[int, int]] = set()
-    for pair in _pairs(rng, digits, held):
-        held.add(pair)
-        if len(held) == heldout:
+    held_order: list[tuple[int, int]] = []
+    for a, b in _pairs(rng, digits, held):
+        held.add((min(a, b), max(a, b)))
+        held_order.append((a, b))
+        if len(held_order) == 2 * heldout:
             break
-    heldout_pairs = sorted(held)
+    held_sub, held_add = held_order[:heldout], held_order[heldout:]
     train = _pairs(rng, digits, held)
 
     def pretrain_rows() -> Iterator[dict]:
         for _ in range(pretrain_lines):
-            a, b = next(train)
-            if rng.random() < subtraction_fraction:
-                yield {"text": f"{max(a, b)}-{min(a, b)}={max(a, b) - min(a, b)}"}
-            else:
-                yield {"text": f"{a}+{b}={a + b}"}
+            operation = subtraction if rng.random() < subtraction_fraction else addition
+            question, answer = operation(*next(train))
+            yield {"text": f"{question}={answer}"}
 
-    def chat_rows(count: int) -> Iterator[tuple[str, str]]:
-        for _ in range(count):
-            a, b = next(train)
-            yield f"{a}+{b}", str(a + b)
+    def chat(question: str, answer: str) -> dict:
+        return {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}
 
-    paths = {
+    def prompts(operation, pairs: Iterable[tuple[int, int]], suffix: str = "") -> Iterator[dict]:
+        for pair in pairs:
+            question, answer = operation(*pair)
+            yield {"prompt": question + suffix, "answer": answer}
+
+    def fresh(count: int) -> Iterator[tuple[int, int]]:
+        return (next(train) for _ in range(count))
+
+    return {
         "pretrain": _write_jsonl(out_dir / "pretrain.jsonl", pretrain_rows()),
-        "sft": _write_jsonl(
-            out_dir / "sft.jsonl",
-            ({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
-             for q, a in chat_rows(sft_examples)),
-        ),
-        "rl": _write_jsonl(out_dir / "rl.jsonl", ({"prompt": q, "answer": a} for q, a in chat_rows(rl_prompts))),
-        "heldout": _write_jsonl(
-            out_dir / "heldout.jsonl", [{"prompt": f"{a}+{b}", "answer": str(a + b)} for a, b in heldout_pairs]
-        ),
+        "sft": _write_jsonl(out_dir / "sft.jsonl", (chat(*addition(*p)) for p in fresh(sft_examples))),
+        "rl": _write_jsonl(out_dir / "rl.jsonl", prompts(subtraction, fresh(rl_prompts))),
+        "heldout": _write_jsonl(out_dir / "heldout.jsonl", prompts(subtraction, held_sub)),
+        "heldout_addition": _write_jsonl(out_dir / "heldout_addition.jsonl", prompts(addition, held_add)),
+        "heldout_raw": _write_jsonl(out_dir / "heldout_raw.jsonl", prompts(subtraction, held_sub, "=")),
     }
-    return paths

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from actors.config import FLEET_NAME, ActorConfig, RestartPolicy
+from learner.guard import GuardConfig
 from learner.losses import LossConfig
 from learner.mesh import MeshConfig
 from learner.optim import OptimizerConfig
@@ -54,6 +55,7 @@ class DataConfig(Section):
     """
 
     task: Literal["none", "arithmetic"] = "none"
+    digits: int = Field(3, ge=1, le=6, description="task=arithmetic: digits per operand")
     dir: str | None = Field(None, description="where task data is generated (default: run_dir/data)")
     train: str | None = None
     eval: str | None = None
@@ -72,6 +74,11 @@ class TrainConfig(Section):
     eval_every: int = Field(0, ge=0, description="0 = only at the end")
     eval_k: int = Field(8, ge=1, description="samples per prompt for pass@k")
     logprob_chunk: int = Field(64, ge=1)
+    skip_no_signal: bool = Field(True, description="rl: a step whose advantages are all zero makes no "
+                                                   "optimizer update (AdamW's state untouched)")
+    max_fill_batches: int = Field(4, ge=1, description="rl, algo.dynamic_sampling=fill: take at most this "
+                                                       "many × prompts_per_step groups per step")
+    guard: GuardConfig = Field(GuardConfig(), description="rl: entropy / update-norm jump guard")
 
 
 class RolloutConfig(ActorConfig):

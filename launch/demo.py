@@ -1,13 +1,19 @@
-"""The embedded demo (`make demo`): pretrain → SFT → RL (GRPO) on a synthetic addition task.
+"""The embedded demo (`make demo`): pretrain → SFT → RL (GRPO) on synthetic arithmetic.
 
-A 0.6M-parameter Qwen2-shaped model is created from scratch, pretrained on "123+456=579" lines,
-fine-tuned briefly on chat-formatted sums, then trained with GRPO by vLLM rollout actors on Ray.
-After each stage it prints held-out accuracy (pairs excluded from every stage): greedy pass@1,
-the pass rate of samples at T=1, and pass@8. Each stage is the ordinary entrypoint's run
-(launch/pretrain.py, launch/sft.py, launch/rl.py with launch/configs/demo_*.yaml); the next stage
-starts from the previous one's exported HF dir.
+A Qwen2-shaped model is created from scratch and
+  1. pretrained on plain-text sums and differences ("12+34=46", "46-12=34") to its plateau;
+  2. fine-tuned on the chat format with *sums only* ("<user>12+34<asst>" → "46<eos>");
+  3. trained with GRPO by vLLM rollout actors on Ray on chat-format *differences*, which no
+     supervised example shows: only the verifier (exact match) says which answer is right.
+After each stage it prints held-out accuracy (pairs excluded from every stage) on the RL task
+(greedy pass@1, the pass rate of samples at T=1, pass@8), plus greedy accuracy on plain-text
+differences (what pretraining knows) and on chat-format sums (what SFT taught). Each stage is the
+ordinary entrypoint's run (launch/pretrain.py, launch/sft.py, launch/rl.py with
+launch/configs/demo_*.yaml); the next stage starts from the previous one's exported HF dir. Each
+stage's run dir gets curves.png; the demo's run dir gets demo.png and demo_results.json.
 
-    python launch/demo.py                      # ~20 min on 2 CPU cores
+    python launch/demo.py                      # ~11 min on 2 CPU cores
+    python launch/demo.py --seed 1             # another seed: data, initial weights, sampling
     python launch/demo.py --quick              # a few steps per stage: checks the plumbing only
     python launch/demo.py rl.train.steps=200   # per-stage overrides: <stage>.<key>=<value>
 """
@@ -21,8 +27,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from any directory
 
+from transformers import AutoTokenizer  # noqa: E402
+
 from launch.config import ConfigError, load_config  # noqa: E402
-from launch.stages import MODES, prepare, run_rl_mode, run_supervised_mode, setup_process  # noqa: E402
+from launch.plots import plot_demo  # noqa: E402
+from launch.stages import (  # noqa: E402
+    MODES,
+    Run,
+    evaluate_dir,
+    prepare,
+    run_rl_mode,
+    run_supervised_mode,
+    setup_process,
+)
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 QUICK = {  # enough to exercise every stage, not to learn
@@ -34,7 +51,7 @@ QUICK = {  # enough to exercise every stage, not to learn
 
 
 def stage_overrides(args: argparse.Namespace, stage: str, previous_hf: str | None) -> list[str]:
-    overrides = [f"run_dir={args.run_dir}/{stage}", f"data.dir={args.run_dir}/data"]
+    overrides = [f"run_dir={args.run_dir}/{stage}", f"data.dir={args.run_dir}/data", f"seed={args.seed}"]
     if previous_hf is not None:
         overrides.append(f"model.path={previous_hf}")
     if args.quick:
@@ -47,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", default="runs/demo", help="where every stage writes (wiped first)")
     parser.add_argument("--quick", action="store_true", help="a few steps per stage (plumbing check)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every stage (data, weights, sampling)")
     parser.add_argument("overrides", nargs="*", help="<stage>.<key>=<value>, stage in pretrain|sft|rl")
     args = parser.parse_args(argv)
     setup_process()
@@ -66,16 +84,37 @@ def main(argv: list[str] | None = None) -> int:
         run = prepare(config, stage)
         summary = run_rl_mode(run) if stage == "rl" else run_supervised_mode(run, stage)
         previous_hf = summary["hf_final"]
-        results[stage] = {**summary["eval"], "minutes": (time.monotonic() - started) / 60}
+        results[stage] = {**summary["eval"], **other_tasks(run, Path(previous_hf)),
+                          "minutes": (time.monotonic() - started) / 60}
         print(f"\n=== after {stage}: {json.dumps(results[stage])}\n", flush=True)
 
-    print("held-out accuracy (pairs never seen in training)")
-    print(f"{'stage':<10}{'greedy pass@1':>15}{'T=1 pass rate':>15}{'pass@8':>10}{'minutes':>10}")
-    for stage, r in results.items():
-        print(f"{stage:<10}{r['pass@1_greedy']:>15.3f}{r['pass_rate_t1']:>15.3f}{r['pass@8']:>10.3f}"
-              f"{r['minutes']:>10.1f}")
+    print(results_table(results))
     Path(args.run_dir, "demo_results.json").write_text(json.dumps(results, indent=2))
+    figure = plot_demo({stage: Path(args.run_dir) / stage for stage in MODES}, results,
+                       Path(args.run_dir) / "demo.png")
+    print(f"curves: {figure} and {args.run_dir}/<stage>/curves.png")
     return 0
+
+
+def other_tasks(run: Run, hf_dir: Path) -> dict[str, float]:
+    """Greedy held-out accuracy on what the earlier stages taught: plain-text differences
+    (pretraining) and chat-format sums (SFT)."""
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    data_dir = Path(run.config.data.dir)
+    raw = evaluate_dir(run, tokenizer, hf_dir, data=str(data_dir / "heldout_raw.jsonl"), prompt_format="raw")
+    chat_sums = evaluate_dir(run, tokenizer, hf_dir, data=str(data_dir / "heldout_addition.jsonl"))
+    return {"raw_difference_greedy": raw["pass@1_greedy"], "chat_sum_greedy": chat_sums["pass@1_greedy"]}
+
+
+def results_table(results: dict[str, dict[str, float]]) -> str:
+    columns = [("pass@1_greedy", "greedy"), ("pass_rate_t1", "T=1 rate"), ("pass@8", "pass@8"),
+               ("raw_difference_greedy", "a-b= greedy"), ("chat_sum_greedy", "chat a+b greedy"),
+               ("minutes", "minutes")]
+    lines = ["held-out accuracy (pairs never seen in training); the RL task is chat-format a-b",
+             f"{'stage':<10}" + "".join(f"{title:>17}" for _, title in columns)]
+    for stage, r in results.items():
+        lines.append(f"{stage:<10}" + "".join(f"{r[key]:>17.3f}" for key, _ in columns))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

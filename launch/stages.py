@@ -24,14 +24,18 @@ from typing import Any
 
 from tqdm import tqdm
 
-from launch.arithmetic import make_arithmetic_data
+from launch.arithmetic import SPLITS, make_arithmetic_data
 from launch.config import ConfigError, TandemConfig, load_config
+from launch.plots import plot_run
 from launch.ray_cluster import WORKER_ENV
 
 Mode = str  # "pretrain" | "sft" | "rl"
 MODES = ("pretrain", "sft", "rl")
-CONSOLE_KEYS = ("loss", "reward_mean", "pass_rate", "kl", "entropy", "clip_frac_high", "grad_norm",
-                "learning_rate", "tokens_per_s", "staleness_mean", "weight_version", "groups_consumed")
+CONSOLE_KEYS = ("loss", "reward_mean", "pass_rate", "kl", "entropy", "clip_frac_high", "grad_norm", "update_norm",
+                "learning_rate", "tokens_per_s", "staleness_mean", "weight_version", "groups_consumed",
+                "groups_stale", "groups_duplicate", "groups_invalid", "completions_unscorable", "updates_skipped",
+                "groups_zero_signal_dropped", "guard_jumps")
+CONSOLE_LINES = 40  # a run prints about this many step lines (plus the first and the last step)
 
 log = logging.getLogger("tandem")
 
@@ -71,19 +75,38 @@ def parse_config(mode: Mode, argv: list[str] | None) -> TandemConfig:
     return load_config(args.config, overrides)
 
 
+def log_debug_to(run_dir: Path) -> None:
+    """tandem's DEBUG records (each refused group and why, each weight update) go to run_dir/debug.log;
+    the console keeps INFO and above, where such events show as counters in the progress lines."""
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        if getattr(handler, "tandem_debug_log", False):  # the previous stage's file
+            root.removeHandler(handler)
+            handler.close()
+        elif type(handler) is logging.StreamHandler and handler.level == logging.NOTSET:  # the console
+            handler.setLevel(logging.INFO)
+    handler = logging.FileHandler(run_dir / "debug.log")
+    handler.setLevel(logging.DEBUG)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    handler.tandem_debug_log = True
+    root.addHandler(handler)
+    for package in ("learner", "actors", "launch", "rewards", "tandem"):
+        logging.getLogger(package).setLevel(logging.DEBUG)
+
+
 def prepare(config: TandemConfig, mode: Mode) -> Run:
     """Create run_dir, the demo data (task=arithmetic) and the initial model when none is given."""
     from models.tiny import make_tiny_model
 
     run_dir = Path(config.run_dir).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
+    log_debug_to(run_dir)
     train, evaluation = config.data.train, config.data.eval
     if config.data.task == "arithmetic":
         data_dir = Path(config.data.dir).absolute() if config.data.dir else run_dir / "data"
-        files = {"pretrain": data_dir / "pretrain.jsonl", "sft": data_dir / "sft.jsonl", "rl": data_dir / "rl.jsonl",
-                 "heldout": data_dir / "heldout.jsonl"}
+        files = {split: data_dir / f"{split}.jsonl" for split in SPLITS}
         if not all(f.exists() for f in files.values()):
-            files = make_arithmetic_data(data_dir, seed=config.seed)
+            files = make_arithmetic_data(data_dir, seed=config.seed, digits=config.data.digits)
         train = train or (str(files[mode]) if mode in files else None)
         evaluation = evaluation or str(files["heldout"])
     if train is None and mode != "eval":
@@ -111,12 +134,15 @@ def build_trainer(run: Run, *, temperature: float = 1.0):
     mesh = make_learner_mesh(config.mesh)
     loaded = load_model(run.model_dir, mesh=mesh, dtype=config.model.dtype)
     return Trainer(loaded, mesh, config.optim, loss=config.algo, micro_batches=config.train.micro_batches,
-                   temperature=temperature, chunk_size=config.train.logprob_chunk, seed=config.seed)
+                   temperature=temperature, chunk_size=config.train.logprob_chunk, seed=config.seed,
+                   skip_no_signal=config.train.skip_no_signal)
 
 
-def chat_prompt_rows(path: str, tokenizer, *, split: str = "train", limit: int | None = None) -> list[dict]:
-    """RL/eval rows {prompt, answer, ...} → {prompt_ids (chat template + generation prompt), text, metadata}."""
-    from learner.data import load_rows
+def chat_prompt_rows(path: str, tokenizer, *, split: str = "train", limit: int | None = None,
+                     prompt_format: str = "chat") -> list[dict]:
+    """RL/eval rows {prompt, answer, ...} → {prompt_ids, text, metadata}. prompt_ids is the chat template
+    with the generation prompt ('chat'), or the text as a pretraining document begins ('raw': bos + text)."""
+    from learner.data import load_rows, pretrain_documents
 
     rows = load_rows(path, split)
     if "prompt" not in rows.column_names:
@@ -125,31 +151,37 @@ def chat_prompt_rows(path: str, tokenizer, *, split: str = "train", limit: int |
         rows = rows.select(range(min(limit, len(rows))))
     out = []
     for row in rows:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}], tokenize=True,
-                                            add_generation_prompt=True, return_dict=False)
+        if prompt_format == "raw":
+            ids = pretrain_documents(tokenizer, [row["prompt"]])[0][:-1]  # without the end-of-document
+        else:
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}], tokenize=True,
+                                                add_generation_prompt=True, return_dict=False)
         metadata = {k: str(v) for k, v in row.items() if k != "prompt"}
         out.append({"prompt_ids": list(ids), "text": row["prompt"], "metadata": metadata})
     return out
 
 
-def make_evaluator(run: Run, tokenizer, hf_dir: Path):
-    """An Evaluator over the held-out split, scoring with the run's rewards in an isolated process."""
+def make_evaluator(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None, prompt_format: str = "chat"):
+    """An Evaluator over `data` (default: the run's held-out split), scoring with the run's rewards in
+    an isolated process; None when there is nothing to evaluate on."""
     from launch.evaluation import EvalExample, Evaluator
     from rewards.isolation import IsolatedScorer
 
     config = run.config
-    if run.eval_data is None:
+    data = data or run.eval_data
+    if data is None:
         return None
-    rows = chat_prompt_rows(run.eval_data, tokenizer, limit=config.data.eval_examples)
+    rows = chat_prompt_rows(data, tokenizer, limit=config.data.eval_examples, prompt_format=prompt_format)
     examples = [EvalExample(r["prompt_ids"], r["text"], r["metadata"]) for r in rows]
     return Evaluator(hf_dir, examples, IsolatedScorer(config.rewards.spec()), k=config.train.eval_k,
                      max_tokens=config.rollout.max_tokens, temperature=config.rollout.temperature,
                      max_model_len=config.rollout.max_model_len, kv_cache_gib=0.25, seed=config.seed)
 
 
-def evaluate_dir(run: Run, tokenizer, hf_dir: Path) -> dict[str, float] | None:
-    """One held-out evaluation of an HF dir (None when the run has no eval split)."""
-    evaluator = make_evaluator(run, tokenizer, hf_dir)
+def evaluate_dir(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None,
+                 prompt_format: str = "chat") -> dict[str, float] | None:
+    """One held-out evaluation of an HF dir (None when there is no eval data); see make_evaluator."""
+    evaluator = make_evaluator(run, tokenizer, hf_dir, data=data, prompt_format=prompt_format)
     if evaluator is None:
         return None
     try:
@@ -164,16 +196,20 @@ def console_line(mode: Mode, step: int, metrics: dict[str, float]) -> str:
 
 
 class Progress:
-    """A tqdm bar plus one console line per step (tqdm.write keeps the bar intact)."""
+    """A tqdm bar plus a console line every total/CONSOLE_LINES steps (tqdm.write keeps the bar
+    intact). Counters (stale, skipped, ...) are cumulative, so the sparse lines lose nothing; every
+    step's values are in metrics.jsonl."""
 
     def __init__(self, mode: Mode, total: int, initial: int = 0):
-        self.mode = mode
+        self.mode, self.total = mode, total
+        self.every = max(1, total // CONSOLE_LINES)
         self.bar = tqdm(total=total, initial=initial, desc=mode, dynamic_ncols=True, mininterval=1.0,
                         disable=not sys.stderr.isatty())
 
     def __call__(self, step: int, metrics: dict[str, float]) -> None:
         self.bar.update(step - self.bar.n)
-        tqdm.write(console_line(self.mode, step, metrics))
+        if step == 1 or step % self.every == 0 or step == self.total:
+            tqdm.write(console_line(self.mode, step, metrics))
 
     def close(self) -> None:
         self.bar.close()
@@ -210,6 +246,7 @@ def run_supervised_mode(run: Run, mode: Mode) -> dict[str, Any]:
     if (scores := evaluate_dir(run, tokenizer, hf_dir)) is not None:
         summary["eval"] = scores
     write_summary(run, summary)
+    plot_run(run.run_dir, title=f"{mode}: {run.run_dir.name}")
     return summary
 
 
@@ -248,7 +285,8 @@ def build_rl_learner(run: Run, tokenizer, **service_overrides: Any):
     return RLLoop(trainer, service, checkpointer, None, RLLoopConfig(
         steps=config.train.steps, prompts_per_step=config.train.prompts_per_step,
         group_size=rollout.group_size, max_sequence_len=rollout.max_prompt_tokens + rollout.max_tokens,
-        publish_every=rollout.publish_every), pad_id=tokenizer.pad_token_id)
+        publish_every=rollout.publish_every, max_fill_batches=config.train.max_fill_batches,
+        guard=config.train.guard), pad_id=tokenizer.pad_token_id)
 
 
 def run_rl_mode(run: Run) -> dict[str, Any]:
@@ -312,12 +350,15 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
                                "hf_final": str(hf_dir), "accounting": accounting,
                                "accounting_violations": balance_violations(accounting), "evals": evals,
                                "reward_stats": reward_stats, "actors": actor_stats, "supervisor": supervision,
-                               "fleet": {"name": config.rollout.fleet_name, "reattached": rollout_side.attached}}
+                               "fleet": {"name": config.rollout.fleet_name, "reattached": rollout_side.attached},
+                               "learner": loop.counts, "guard": {"events": loop.guard_events,
+                                                                 "stopped": loop.stopped_by_guard}}
     for violation in summary["accounting_violations"]:
         log.error("accounting does not balance: %s", violation)
     if (scores := evaluate_dir(run, tokenizer, hf_dir)) is not None:
         summary["eval"] = scores
     write_summary(run, summary)
+    plot_run(run.run_dir, title=f"rl: {run.run_dir.name}")
     if started_ray:
         ray.shutdown()
     return summary
@@ -341,6 +382,8 @@ def setup_process() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for name, value in WORKER_ENV.items():
         os.environ.setdefault(name, value)
+    if not sys.stderr.isatty():  # progress bars written to a log file are thousands of \r-joined updates
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 
 def main_for(mode: Mode, argv: list[str] | None = None) -> int:
@@ -353,6 +396,7 @@ def main_for(mode: Mode, argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"error: {error}")
         return 2
-    shown = ("mode", "steps", "model", "hf_final", "eval", "accounting", "accounting_violations")
+    shown = ("mode", "steps", "model", "hf_final", "eval", "accounting", "accounting_violations", "learner",
+             "guard")
     print(json.dumps({k: summary[k] for k in shown if k in summary}, indent=2))
     return 0
