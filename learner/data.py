@@ -149,6 +149,9 @@ def tokenize_rows(rows: datasets.Dataset, tokenizer, config: DataConfig) -> data
     return out
 
 
+READ_BLOCK = 1024  # examples read from the dataset at once while packing
+
+
 class PackedBatches:
     """Endless iterator of `TokenBatch`es over tokenized examples, resumable from a `DataPosition`."""
 
@@ -160,6 +163,7 @@ class PackedBatches:
         self._seq_len, self._batch_size, self._pad_id = seq_len, batch_size, pad_id
         self._split, self._shuffle = split_examples, shuffle
         self.truncated = 0  # examples cut to seq_len (sft)
+        self._block_key: tuple[int, int] | None = None
         self.position = position or DataPosition()
 
     @property
@@ -187,8 +191,17 @@ class PackedBatches:
         if self._index >= len(self._order):
             self._epoch, self._index, self._offset = self._epoch + 1, 0, 0
             self._order = self._epoch_order(self._epoch)
-        row = self._examples[int(self._order[self._index])]
-        return row["input_ids"][self._offset :], row["loss_mask"][self._offset :]
+        ids, mask = self._example(self._index)
+        return ids[self._offset :], mask[self._offset :]
+
+    def _example(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """The example at position `index` of this epoch's order, read READ_BLOCK at a time: one
+        `datasets` row read costs ~0.3 ms, which made packing a quarter of a tiny model's step."""
+        start = index - index % READ_BLOCK
+        if self._block_key != (self._epoch, start):
+            block = self._examples[self._order[start : start + READ_BLOCK]]
+            self._block, self._block_key = (block["input_ids"], block["loss_mask"]), (self._epoch, start)
+        return self._block[0][index - start], self._block[1][index - start]
 
     def __iter__(self) -> PackedBatches:
         return self
