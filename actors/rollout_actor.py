@@ -109,6 +109,7 @@ class RolloutActor:
         return {"engine": f"vllm {vllm_version} ({current_platform.device_type})",
                 "model_family": getattr(hf_config, "model_type", ""),
                 "max_model_len": self.engine.max_model_len, "group_size": self.config.group_size,
+                "max_prompt_tokens": self.max_prompt_tokens,  # the learner checks prompt_too_long claims
                 "host": socket.gethostname()}
 
     def run(self) -> dict:

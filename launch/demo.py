@@ -45,7 +45,7 @@ CONFIGS = Path(__file__).resolve().parent / "configs"
 QUICK = {  # enough to exercise every stage, not to learn
     "pretrain": ["train.steps=20", "optim.warmup_steps=2", "data.eval_examples=32"],
     "sft": ["train.steps=5", "data.eval_examples=32"],
-    "rl": ["train.steps=3", "train.prompts_per_step=8", "optim.warmup_steps=0", "train.eval_every=0",
+    "rl": ["train.steps=3", "train.prompts_per_step=8", "rollout.prompts_per_batch=8", "optim.warmup_steps=0", "train.eval_every=0",
            "data.eval_examples=32"],
 }
 
@@ -101,8 +101,8 @@ def other_tasks(run: Run, hf_dir: Path) -> dict[str, float]:
     (pretraining) and chat-format sums (SFT)."""
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     data_dir = Path(run.config.data.dir)
-    raw = evaluate_dir(run, tokenizer, hf_dir, data=str(data_dir / "heldout_raw.jsonl"), prompt_format="raw")
-    chat_sums = evaluate_dir(run, tokenizer, hf_dir, data=str(data_dir / "heldout_addition.jsonl"))
+    raw = evaluate_dir(run, tokenizer, hf_dir, data=str(data_dir / "heldout_raw.jsonl"), prompt_format="raw", k=1)
+    chat_sums = evaluate_dir(run, tokenizer, hf_dir, data=str(data_dir / "heldout_addition.jsonl"), k=1)
     return {"raw_difference_greedy": raw["pass@1_greedy"], "chat_sum_greedy": chat_sums["pass@1_greedy"]}
 
 

@@ -161,9 +161,11 @@ def chat_prompt_rows(path: str, tokenizer, *, split: str = "train", limit: int |
     return out
 
 
-def make_evaluator(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None, prompt_format: str = "chat"):
+def make_evaluator(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None, prompt_format: str = "chat",
+                   k: int | None = None):
     """An Evaluator over `data` (default: the run's held-out split), scoring with the run's rewards in
-    an isolated process; None when there is nothing to evaluate on."""
+    an isolated process, pass@k with k = train.eval_k unless given; None when there is nothing to
+    evaluate on."""
     from launch.evaluation import EvalExample, Evaluator
     from rewards.isolation import IsolatedScorer
 
@@ -173,15 +175,15 @@ def make_evaluator(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None
         return None
     rows = chat_prompt_rows(data, tokenizer, limit=config.data.eval_examples, prompt_format=prompt_format)
     examples = [EvalExample(r["prompt_ids"], r["text"], r["metadata"]) for r in rows]
-    return Evaluator(hf_dir, examples, IsolatedScorer(config.rewards.spec()), k=config.train.eval_k,
+    return Evaluator(hf_dir, examples, IsolatedScorer(config.rewards.spec()), k=k or config.train.eval_k,
                      max_tokens=config.rollout.max_tokens, temperature=config.rollout.temperature,
                      max_model_len=config.rollout.max_model_len, kv_cache_gib=0.25, seed=config.seed)
 
 
-def evaluate_dir(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None,
-                 prompt_format: str = "chat") -> dict[str, float] | None:
+def evaluate_dir(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None, prompt_format: str = "chat",
+                 k: int | None = None) -> dict[str, float] | None:
     """One held-out evaluation of an HF dir (None when there is no eval data); see make_evaluator."""
-    evaluator = make_evaluator(run, tokenizer, hf_dir, data=data, prompt_format=prompt_format)
+    evaluator = make_evaluator(run, tokenizer, hf_dir, data=data, prompt_format=prompt_format, k=k)
     if evaluator is None:
         return None
     try:
