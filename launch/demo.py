@@ -45,8 +45,8 @@ CONFIGS = Path(__file__).resolve().parent / "configs"
 QUICK = {  # enough to exercise every stage, not to learn
     "pretrain": ["train.steps=20", "optim.warmup_steps=2", "data.eval_examples=32"],
     "sft": ["train.steps=5", "data.eval_examples=32"],
-    "rl": ["train.steps=3", "train.prompts_per_step=8", "rollout.prompts_per_batch=8", "optim.warmup_steps=0", "train.eval_every=0",
-           "data.eval_examples=32"],
+    "rl": ["train.steps=3", "train.prompts_per_step=8", "rollout.prompts_per_batch=8", "optim.warmup_steps=0",
+           "train.eval_every=0", "data.eval_examples=32"],
 }
 
 
