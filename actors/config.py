@@ -29,6 +29,7 @@ class ActorConfig(BaseModel):
     idle_poll_s: float = Field(0.2, gt=0, description="wait when the learner has no prompt to lease")
     weight_retry_s: float = Field(5.0, ge=0, description="wait before re-fetching a failed transfer")
     auth_token: str | None = None
+    tls_ca_path: str | None = Field(None, description="CA certificate of a TLS learner (None: plaintext)")
     num_cpus: float = Field(1.0, ge=0, description="Ray CPUs per actor (plus one 'rollout' resource)")
     sync: bool = Field(False, description="synchronous RL: sample one batch per weight version, then "
                                           "wait for the next (use with max_staleness=0; see "

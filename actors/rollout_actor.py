@@ -77,7 +77,8 @@ class RolloutActor:
         self.config = config
         self.engine = RolloutEngine(Path(config.hf_dir), max_model_len=config.max_model_len,
                                     kv_cache_gib=config.kv_cache_gib, seed=config.seed, dtype=config.dtype)
-        self.client = LearnerClient(learner_address, actor_id, auth_token=config.auth_token)
+        self.client = LearnerClient(learner_address, actor_id, auth_token=config.auth_token,
+                                    tls_ca_path=config.tls_ca_path)
         self.scorer = RewardScorer(reward_handles)
         self.version = 0  # the HF dir the engine starts from is weight version 0
         self.max_prompt_tokens = min(config.max_prompt_tokens, self.engine.max_prompt_len)

@@ -101,9 +101,9 @@ class RolloutConfig(ActorConfig):
                                                              "for a restarted driver, then shuts down "
                                                              "(0 = wait forever)")
 
-    def actor_config(self, hf_dir: str, auth_token: str | None) -> ActorConfig:
+    def actor_config(self, hf_dir: str, auth_token: str | None, tls_ca_path: str | None = None) -> ActorConfig:
         fields = self.model_dump(include=set(ActorConfig.model_fields))
-        return ActorConfig(**{**fields, "hf_dir": hf_dir, "auth_token": auth_token})
+        return ActorConfig(**{**fields, "hf_dir": hf_dir, "auth_token": auth_token, "tls_ca_path": tls_ca_path})
 
 
 class RewardsConfig(RewardSpec):
@@ -121,8 +121,9 @@ class ServerConfig(Section):
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535, description="0 = any free port")
     auth_token: str | None = Field(None, description="shared token; defaults to $TANDEM_AUTH_TOKEN")
-    tls_cert_path: str | None = None
+    tls_cert_path: str | None = Field(None, description="learner certificate: serve TLS only (with tls_key_path)")
     tls_key_path: str | None = None
+    tls_ca_path: str | None = Field(None, description="CA that signed tls_cert_path, handed to the rollout actors")
 
 
 class TandemConfig(Section):

@@ -80,3 +80,9 @@ def test_sync_rollout_requires_matching_batch_and_no_staleness():
 def test_schedule_spans_the_run_unless_set():
     assert load_config(None, ["train.steps=40"]).optim.total_steps == 40
     assert load_config(None, ["train.steps=40", "optim.total_steps=100"]).optim.total_steps == 100
+
+
+def test_actors_get_the_run_token_and_the_learner_ca():
+    config = load_config(None, ["server.auth_token=t0k", "server.tls_ca_path=/etc/tandem/ca.pem"])
+    actor = config.rollout.actor_config("/models/x", config.server.auth_token, config.server.tls_ca_path)
+    assert (actor.hf_dir, actor.auth_token, actor.tls_ca_path) == ("/models/x", "t0k", "/etc/tandem/ca.pem")
