@@ -81,7 +81,7 @@ def run(ray_session, tmp_path_factory):
 def test_scaling_and_replacing_actors_mid_run_loses_and_repeats_nothing(run):
     service, fleet, trainer = run
     trainer.gate.set()
-    wait_for(lambda: len(trainer.consumed) >= 4, what="the first actor's groups")
+    wait_for(lambda: len(trainer.consumed) >= 4, timeout=240, what="the first actor's groups")  # engine start, loaded
 
     # 1 -> 2 through the command line, from another Ray driver. The trainer pauses until the new
     # actor has sampled, so that both actors have groups in flight when it resumes.
