@@ -32,7 +32,7 @@ demo: env
 	$(PY) launch/demo.py $(DEMO_ARGS)
 
 test: env
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=25
 
 proto: env
 	$(PY) -m grpc_tools.protoc -I proto --python_out=. --grpc_python_out=. --pyi_out=. proto/tandem_wire/tandem.proto

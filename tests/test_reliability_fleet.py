@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import ray
@@ -18,6 +19,7 @@ from ray.exceptions import RayActorError
 from actors.config import ActorConfig, RestartPolicy
 from actors.fleet import find_named_fleet, start_named_fleet
 from launch.supervisor import FleetSupervisor
+from learner.losses import LossConfig
 from learner.prompt_source import PromptSource
 from learner.rl_loop import NoRolloutsError, RLLoop, RLLoopConfig
 from learner.service import LearnerService, ServiceConfig
@@ -43,8 +45,10 @@ def test_a_crash_looping_actor_backs_off_is_given_up_and_the_run_stops_with_the_
     fleet = start_named_fleet(config, "127.0.0.1:1", [], 1, name="crash-loop-test", restart=policy)
     service = LearnerService(PromptSource([{"prompt_ids": [1, 2], "text": "p", "metadata": {}}]),
                              ServiceConfig(group_size=2))
-    loop = RLLoop(None, service, None, None, RLLoopConfig(steps=1, prompts_per_step=1, group_size=2,
-                                                          max_sequence_len=16), pad_id=0)
+    # the loop stops before any update, so the trainer is only asked which dynamic sampling it runs
+    no_trainer = SimpleNamespace(loss_config=LossConfig())
+    loop = RLLoop(no_trainer, service, None, None, RLLoopConfig(steps=1, prompts_per_step=1, group_size=2,
+                                                                max_sequence_len=16), pad_id=0)
     supervisor = FleetSupervisor(service, fleet, interval_s=0.2, on_fatal=loop.abort).start()
     started = time.monotonic()
     try:
