@@ -12,7 +12,7 @@ import dataclasses
 
 import numpy as np
 
-from learner.losses import DYNAMIC_SAMPLING
+from learner.schema import DYNAMIC_SAMPLING
 
 
 @dataclasses.dataclass(frozen=True)

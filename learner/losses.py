@@ -16,71 +16,20 @@ of the micro-batch losses (and of their gradients and metrics) equals the full-b
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-Algorithm = Literal["grpo", "gspo", "gspo-token"]
-Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant"]
-DynamicSampling = Literal["off", "drop", "fill", "count"]
-
-ALGORITHMS: tuple[str, ...] = ("grpo", "gspo", "gspo-token")
-AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant")
-DYNAMIC_SAMPLING: tuple[str, ...] = ("off", "drop", "fill", "count")
-
-
-@dataclasses.dataclass(frozen=True)
-class LossConfig:
-    """What to optimise; defaults are DeepSeekMath GRPO with token-mean aggregation and no KL.
-
-    algorithm:           'grpo' (per-token ratio), 'gspo' (sequence ratio), 'gspo-token'.
-    epsilon_low/high:    clip range [1 − ε_low, 1 + ε_high]; ε_high > ε_low is DAPO's clip-higher.
-    beta:                k3 KL coefficient to the reference policy; 0 means no reference model.
-    aggregation:         'token-mean' (DAPO), 'seq-mean-token-mean' (GRPO paper, GSPO paper),
-                         'seq-mean-token-sum', 'constant' (Dr.GRPO: Σ tokens / (N_seq · L)).
-    constant_normalizer: L for 'constant' (e.g. the max completion length).
-    std_normalize:       divide group-centred rewards by the group std (False: Dr.GRPO).
-    tis_cap:             truncated importance sampling cap C between the learner's own π_old and
-                         the behaviour logprobs; None disables it.
-    dynamic_sampling:    groups whose rewards are all equal carry no signal: 'drop' removes them
-                         from the loss (and its denominators); 'fill' (DAPO) has the RL loop retire
-                         them and take more groups until the batch is full of groups with signal;
-                         'count' keeps them in the batch and reports how many there were; 'off'
-                         keeps them and makes no distinction.
-    """
-
-    algorithm: Algorithm = "grpo"
-    epsilon_low: float = 0.2
-    epsilon_high: float = 0.2
-    beta: float = 0.0
-    aggregation: Aggregation = "token-mean"
-    constant_normalizer: float | None = None
-    std_normalize: bool = True
-    tis_cap: float | None = None
-    dynamic_sampling: DynamicSampling = "off"
-
-    def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
-        if self.dynamic_sampling not in DYNAMIC_SAMPLING:
-            raise ValueError(
-                f"dynamic_sampling must be one of {DYNAMIC_SAMPLING}, got {self.dynamic_sampling!r}"
-            )
-        if not (0.0 <= self.epsilon_low < 1.0) or self.epsilon_high < 0.0:
-            raise ValueError(
-                f"need 0 <= epsilon_low < 1 and epsilon_high >= 0, "
-                f"got {self.epsilon_low}, {self.epsilon_high}"
-            )
-        if self.beta < 0.0:
-            raise ValueError(f"beta must be >= 0, got {self.beta}")
-        if self.aggregation == "constant" and not (self.constant_normalizer and self.constant_normalizer > 0):
-            raise ValueError("aggregation='constant' needs a positive constant_normalizer")
-        if self.tis_cap is not None and self.tis_cap <= 0.0:
-            raise ValueError(f"tis_cap must be positive or None, got {self.tis_cap}")
+from learner.schema import (  # noqa: F401  (the loss config lives in the light schema module)
+    AGGREGATIONS,
+    ALGORITHMS,
+    DYNAMIC_SAMPLING,
+    Aggregation,
+    Algorithm,
+    DynamicSampling,
+    LossConfig,
+)
 
 
 class Normalizer(NamedTuple):

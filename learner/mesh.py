@@ -24,20 +24,11 @@ from collections.abc import Mapping
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from pydantic import BaseModel, ConfigDict, Field
 
+from learner.schema import MeshConfig  # the schema is light (no JAX); see learner.schema
 from models.jax_model import make_mesh
 
 BATCH_AXIS = "fsdp"
-
-
-class MeshConfig(BaseModel):
-    """fsdp × tp sizes; fsdp=None uses every remaining device (device_count // tp)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    fsdp: int | None = Field(None, ge=1)
-    tp: int = Field(1, ge=1)
 
 
 def init_distributed(coordinator: str | None = None, num_processes: int | None = None,

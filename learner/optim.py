@@ -8,34 +8,10 @@ average per-micro-batch means instead, which is wrong for token-mean losses with
 
 from __future__ import annotations
 
-from typing import Literal
-
 import jax
 import optax
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-
-class OptimizerConfig(BaseModel):
-    """AdamW + learning-rate schedule + clipping. `total_steps` is the schedule's horizon."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    learning_rate: float = Field(1e-4, gt=0)
-    schedule: Literal["cosine", "constant"] = "cosine"
-    warmup_steps: int = Field(0, ge=0)
-    total_steps: int = Field(1000, ge=1)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)  # cosine ends at learning_rate * min_lr_ratio
-    weight_decay: float = Field(0.0, ge=0)
-    b1: float = Field(0.9, ge=0, lt=1)
-    b2: float = Field(0.999, ge=0, lt=1)
-    eps: float = Field(1e-8, gt=0)
-    max_grad_norm: float | None = Field(1.0, gt=0)  # None: no clipping
-
-    @model_validator(mode="after")
-    def _warmup_within_horizon(self) -> OptimizerConfig:
-        if self.schedule == "cosine" and self.warmup_steps >= self.total_steps:
-            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be < total_steps ({self.total_steps})")
-        return self
+from learner.schema import OptimizerConfig  # the schema is light (no JAX); see learner.schema
 
 
 def make_schedule(config: OptimizerConfig) -> optax.Schedule:
