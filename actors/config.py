@@ -9,31 +9,35 @@ FLEET_NAMESPACE = "tandem"
 
 
 class ActorConfig(BaseModel):
-    """Engine, sampling and pacing settings shared by every actor of a fleet."""
+    """Engine, sampling and pacing settings shared by every actor of a fleet.
+
+    Every field comes from the run config: launch.config.TandemConfig.actor_config derives it (the
+    same-named `rollout.*` key documents it, except where a field says otherwise), so no default is
+    repeated here."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     hf_dir: str = Field(description="HF model dir the engine starts from (weight version 0)")
-    group_size: int = Field(8, ge=1, description="completions per prompt (G)")
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(16, ge=1)
-    stop: list[str] = []
-    stop_token_ids: list[int] = []
-    max_prompt_tokens: int = Field(48, ge=1, description="longer prompts are rejected, not sampled")
-    max_model_len: int = Field(128, ge=2)
-    kv_cache_gib: float = Field(1.0, gt=0)
-    dtype: str = "float32"
-    seed: int = 0
-    prompts_per_batch: int = Field(4, ge=1, description="prompts leased and sampled per engine call")
-    idle_poll_s: float = Field(0.2, gt=0, description="wait when the learner has no prompt to lease")
-    weight_retry_s: float = Field(5.0, ge=0, description="wait before re-fetching a failed transfer")
-    auth_token: str | None = None
-    tls_ca_path: str | None = Field(None, description="CA certificate of a TLS learner (None: plaintext)")
-    num_cpus: float = Field(1.0, ge=0, description="Ray CPUs per actor (plus one 'rollout' resource)")
-    sync: bool = Field(False, description="synchronous RL: sample one batch per weight version, then "
-                                          "wait for the next (use with max_staleness=0; see "
-                                          "actors/rollout_actor.py)")
+    group_size: int = Field(ge=1, description="completions per prompt (G)")
+    temperature: float = Field(gt=0, description="sampling temperature")
+    top_p: float = Field(gt=0, le=1, description="nucleus sampling mass")
+    max_tokens: int = Field(ge=1, description="completion tokens at most")
+    stop: list[str] = Field(description="stop strings")
+    stop_token_ids: list[int] = Field(description="stop token ids")
+    max_prompt_tokens: int = Field(ge=1, description="longer prompts are rejected, not sampled")
+    max_model_len: int = Field(ge=2, description="the engine's context length")
+    kv_cache_gib: float = Field(gt=0, description="the engine's KV cache")
+    dtype: str = Field(description="engine dtype (model.dtype)")
+    seed: int = Field(description="sampling seed (the run's seed)")
+    prompts_per_batch: int = Field(ge=1, description="prompts leased and sampled per engine call")
+    idle_poll_s: float = Field(gt=0, description="wait when the learner has no prompt to lease")
+    weight_retry_s: float = Field(ge=0, description="wait before re-fetching a failed transfer")
+    auth_token: str | None = Field(description="the run's shared token (server.auth_token)")
+    tls_ca_path: str | None = Field(description="CA certificate of a TLS learner (server.tls_ca_path; None: "
+                                                "plaintext)")
+    num_cpus: float = Field(ge=0, description="Ray CPUs per actor (plus one 'rollout' resource)")
+    sync: bool = Field(description="synchronous RL: sample one batch per weight version, then wait for the "
+                                   "next (see actors/rollout_actor.py)")
 
 
 class RestartPolicy(BaseModel):
@@ -45,7 +49,7 @@ class RestartPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     backoff_s: float = Field(2.0, ge=0, description="wait before the second quick restart; doubles after")
-    backoff_max_s: float = Field(60.0, ge=0)
+    backoff_max_s: float = Field(60.0, ge=0, description="longest wait before a quick restart")
     stable_after_s: float = Field(300.0, ge=0, description="an actor that lived this long resets the count")
     max_quick_failures: int = Field(5, ge=1, description="quick deaths in a row before a slot is given up")
 

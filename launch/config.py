@@ -1,26 +1,37 @@
 """The one typed configuration of a tandem run, read from YAML with `key=value` overrides.
 
-Sections are the roles' own config types (learner.losses.LossConfig, learner.optim.OptimizerConfig,
-learner.mesh.MeshConfig, actors.config.ActorConfig, rewards.spec.RewardSpec) plus launch's own.
-Every section forbids unknown keys, so a typo fails at start with the key's full dotted name;
-bad values fail with pydantic's message (which lists the allowed values of a choice).
+Every role's config is derived from it here and nowhere else: `service_config` (the learner's gRPC
+server), `loop_config` (the RL loop), `actor_config` (each rollout actor) and `eval_settings` (the
+held-out evaluator); what exists only at run time (the model's vocab size, the model dir) is an
+argument. So a new option is one field in a section below plus one use where it matters, and every
+default lives once: here, or in the light schema modules whose types are sections
+(learner.schema: LossConfig, OptimizerConfig, MeshConfig; learner.guard.GuardConfig;
+actors.config.RestartPolicy; rewards.spec). Each field is documented where it is declared, and
+`config_help()` (printed by every entrypoint's `--help`) lists them all.
+
+Every section forbids unknown keys, so a typo fails at start with the key's full dotted name; a
+removed key fails naming what replaced it; bad values fail with pydantic's message (which lists the
+allowed values of a choice). Importing this module loads neither JAX nor tunix.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from actors.config import FLEET_NAME, ActorConfig, RestartPolicy
 from learner.guard import GuardConfig
-from learner.losses import LossConfig
-from learner.mesh import MeshConfig
-from learner.optim import OptimizerConfig
+from learner.schema import LossConfig, MeshConfig, OptimizerConfig
 from rewards.spec import RewardSpec, WeightedReward
+
+if TYPE_CHECKING:  # the roles' heavy modules are imported only when their config is built
+    from learner.rl_loop import RLLoopConfig
+    from learner.service import ServiceConfig
 
 
 class Section(BaseModel):
@@ -30,21 +41,25 @@ class Section(BaseModel):
 class TinyModelConfig(Section):
     """A model created from scratch by models.tiny (used when `model.path` is empty)."""
 
-    family: Literal["qwen2", "qwen3", "llama3"] = "qwen2"
-    num_layers: int = Field(3, ge=1)
-    hidden_size: int = Field(128, ge=8)
-    intermediate_size: int = Field(384, ge=8)
-    num_heads: int = Field(4, ge=1)
-    num_kv_heads: int = Field(2, ge=1)
-    head_dim: int = Field(32, ge=32, description="vLLM's CPU attention needs >= 32")
-    tie_word_embeddings: bool = False
-    max_position_embeddings: int = Field(256, ge=16)
+    family: Literal["qwen2", "qwen3", "llama3"] = Field("qwen2", description="architecture (and chat template)")
+    num_layers: int = Field(3, ge=1, description="decoder layers")
+    hidden_size: int = Field(128, ge=8, description="residual width")
+    intermediate_size: int = Field(384, ge=8, description="MLP width")
+    num_heads: int = Field(4, ge=1, description="query heads")
+    num_kv_heads: int = Field(2, ge=1, description="key/value heads (grouped-query attention)")
+    head_dim: int = Field(32, ge=32, description="per-head width; vLLM's CPU attention needs >= 32")
+    tie_word_embeddings: bool = Field(False, description="share the input embedding with the output head")
+    max_position_embeddings: int = Field(256, ge=16, description="longest sequence the model is built for")
 
 
 class ModelConfig(Section):
-    path: str | None = Field(None, description="HF model dir (config.json, *.safetensors, tokenizer)")
-    tiny: TinyModelConfig = TinyModelConfig()
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    """The model trained (and sampled by the actors)."""
+
+    path: str | None = Field(None, description="HF model dir (config.json, *.safetensors, tokenizer); "
+                                               "empty: a tiny model made from model.tiny")
+    tiny: TinyModelConfig = Field(TinyModelConfig(), description="the from-scratch model (model.path empty)")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="parameters of the learner, the "
+                                                                         "rollout engines and the evaluator")
 
 
 class DataConfig(Section):
@@ -54,26 +69,29 @@ class DataConfig(Section):
     pretrain: rows with `text`. `task: arithmetic` generates the demo's data under run_dir.
     """
 
-    task: Literal["none", "arithmetic"] = "none"
+    task: Literal["none", "arithmetic"] = Field("none", description="arithmetic: generate the demo's data")
     digits: int = Field(3, ge=1, le=6, description="task=arithmetic: digits per operand")
     dir: str | None = Field(None, description="where task data is generated (default: run_dir/data)")
-    train: str | None = None
-    eval: str | None = None
-    split: str = "train"
+    train: str | None = Field(None, description="training data: files or a hub dataset name")
+    eval: str | None = Field(None, description="held-out data (rows with `prompt`, `answer`)")
+    split: str = Field("train", description="split of data.train to read")
     seq_len: int = Field(64, ge=8, description="packed row length (sft, pretrain)")
-    eval_examples: int = Field(256, ge=1)
+    eval_examples: int = Field(256, ge=1, description="held-out examples evaluated at most")
 
 
 class TrainConfig(Section):
-    steps: int = Field(100, ge=1)
+    """The learner's run: steps, batches, checkpoints, evaluation."""
+
+    steps: int = Field(100, ge=1, description="optimizer steps")
     batch_size: int = Field(64, ge=1, description="packed rows per step (sft, pretrain)")
     prompts_per_step: int = Field(16, ge=1, description="groups per step (rl)")
-    micro_batches: int = Field(1, ge=1)
-    checkpoint_every: int = Field(50, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
-    eval_every: int = Field(0, ge=0, description="0 = only at the end")
+    micro_batches: int = Field(1, ge=1, description="gradient accumulation: a step's batch in this many parts")
+    checkpoint_every: int = Field(50, ge=1, description="save a checkpoint every this many steps")
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
+    eval_every: int = Field(0, ge=0, description="rl: evaluate every this many steps; 0 = only at the end")
     eval_k: int = Field(8, ge=1, description="samples per prompt for pass@k")
-    logprob_chunk: int = Field(64, ge=1)
+    eval_kv_cache_gib: float = Field(0.25, gt=0, description="KV cache of the evaluator's vLLM engine")
+    logprob_chunk: int = Field(64, ge=1, description="sequence chunk of the learner's logprob computation")
     skip_no_signal: bool = Field(True, description="rl: a step whose advantages are all zero makes no "
                                                    "optimizer update (AdamW's state untouched)")
     max_fill_batches: int = Field(4, ge=1, description="rl, algo.dynamic_sampling=fill: take at most this "
@@ -81,65 +99,84 @@ class TrainConfig(Section):
     guard: GuardConfig = Field(GuardConfig(), description="rl: entropy / update-norm jump guard")
 
 
-class RolloutConfig(ActorConfig):
-    """The actors' engine and sampling settings (actors.config.ActorConfig) plus the fleet's."""
+class RolloutConfig(Section):
+    """The rollout actors' engine and sampling settings, the learner server's admission limits and the
+    fleet's supervision (rl)."""
 
-    hf_dir: str = Field("", description="filled in by launch from the model being trained")
-    num_actors: int = Field(1, ge=0)
-    max_staleness: int = Field(1, ge=0)
-    publish_every: int = Field(1, ge=1)
-    queue_capacity: int = Field(64, ge=1)
-    lease_seconds: float = Field(60.0, gt=0)
+    group_size: int = Field(8, ge=1, description="completions per prompt (G)")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature (also the learner's logits)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
+    max_tokens: int = Field(16, ge=1, description="completion tokens at most")
+    stop: list[str] = Field([], description="stop strings")
+    stop_token_ids: list[int] = Field([], description="stop token ids")
+    max_prompt_tokens: int = Field(48, ge=1, description="longer prompts are rejected, not sampled")
+    max_model_len: int = Field(128, ge=2, description="the engines' context length")
+    kv_cache_gib: float = Field(1.0, gt=0, description="KV cache of each actor's vLLM engine")
+    prompts_per_batch: int = Field(4, ge=1, description="prompts leased and sampled per engine call")
+    idle_poll_s: float = Field(0.2, gt=0, description="wait when the learner has no prompt to lease")
+    weight_retry_s: float = Field(5.0, ge=0, description="wait before re-fetching a failed transfer")
+    num_cpus: float = Field(1.0, ge=0, description="Ray CPUs per actor (plus one 'rollout' resource)")
+    sync: bool = Field(False, description="synchronous RL: sample one batch per weight version, then "
+                                          "wait for the next (needs max_staleness=0; see "
+                                          "actors/rollout_actor.py)")
+    num_actors: int = Field(1, ge=0, description="rollout actors in the fleet")
+    max_staleness: int = Field(1, ge=0, description="a group sampled more than this many weight versions "
+                                                    "behind the newest is dropped as stale")
+    publish_every: int = Field(1, ge=1, description="publish new weights every this many steps")
+    queue_capacity: int = Field(64, ge=1, description="scored groups the learner holds; when full, actors "
+                                                      "are told to retry")
+    lease_seconds: float = Field(60.0, gt=0, description="a leased prompt not answered within this is "
+                                                         "offered again")
     heartbeat_interval_s: float = Field(5.0, gt=0, description="how often actors report liveness")
     actor_timeout_s: float = Field(30.0, gt=0, description="an actor silent this long is replaced")
     generate_timeout_s: float = Field(600.0, gt=0, description="an engine busy this long in one generate "
                                                                "call counts as hung and is replaced")
-    restart: RestartPolicy = RestartPolicy()
+    restart: RestartPolicy = Field(RestartPolicy(), description="how actors that keep failing are replaced")
     fleet_name: str = Field(FLEET_NAME, min_length=1, description="Ray name of the run's detached fleet; "
                                                                   "runs sharing a cluster need their own")
     orphan_timeout_s: float = Field(600.0, ge=0, description="a fleet whose driver died waits this long "
                                                              "for a restarted driver, then shuts down "
                                                              "(0 = wait forever)")
 
-    def actor_config(self, hf_dir: str, auth_token: str | None, tls_ca_path: str | None = None) -> ActorConfig:
-        fields = self.model_dump(include=set(ActorConfig.model_fields))
-        return ActorConfig(**{**fields, "hf_dir": hf_dir, "auth_token": auth_token, "tls_ca_path": tls_ca_path})
-
 
 class RewardsConfig(RewardSpec):
     """Reward functions (rewards.spec.RewardSpec) plus how many isolated workers score them."""
 
     functions: list[WeightedReward] = Field(default_factory=lambda: [WeightedReward(ref="exact_match")],
-                                            min_length=1)
-    num_workers: int = Field(1, ge=1)
+                                            min_length=1, description="weighted reward functions, e.g. "
+                                                                      "[{ref: math_answer, weight: 1.0}]")
+    num_workers: int = Field(1, ge=1, description="isolated reward worker processes (Ray actors)")
 
     def spec(self) -> RewardSpec:
         return RewardSpec(**self.model_dump(include=set(RewardSpec.model_fields)))
 
 
 class ServerConfig(Section):
-    host: str = "127.0.0.1"
+    """The learner's gRPC server (rl)."""
+
+    host: str = Field("127.0.0.1", description="bind address; 0.0.0.0 serves actors on other nodes")
     port: int = Field(0, ge=0, le=65535, description="0 = any free port")
     auth_token: str | None = Field(None, description="shared token; defaults to $TANDEM_AUTH_TOKEN")
     tls_cert_path: str | None = Field(None, description="learner certificate: serve TLS only (with tls_key_path)")
-    tls_key_path: str | None = None
+    tls_key_path: str | None = Field(None, description="private key of tls_cert_path")
     tls_ca_path: str | None = Field(None, description="CA that signed tls_cert_path, handed to the rollout actors")
 
 
 class TandemConfig(Section):
-    mode: Literal["rl", "sft", "pretrain"] = "rl"
-    run_dir: str = "runs/default"
-    seed: int = 0
+    """A whole run; the entrypoint (launch/rl.py, sft.py, pretrain.py, eval.py) chooses the mode."""
+
+    run_dir: str = Field("runs/default", description="checkpoints, logs, exported models and summary")
+    seed: int = Field(0, description="data order, model init, sampling and the demo's generated data")
     ray_address: str | None = Field(None, description="None = the job's cluster, else a local Ray")
-    model: ModelConfig = ModelConfig()
-    mesh: MeshConfig = MeshConfig()
-    data: DataConfig = DataConfig()
-    optim: OptimizerConfig = OptimizerConfig()
-    train: TrainConfig = TrainConfig()
-    algo: LossConfig = LossConfig()
-    rollout: RolloutConfig = RolloutConfig()
-    rewards: RewardsConfig = RewardsConfig()
-    server: ServerConfig = ServerConfig()
+    model: ModelConfig = Field(ModelConfig(), description=ModelConfig.__doc__)
+    mesh: MeshConfig = Field(MeshConfig(), description="the learner's device mesh")
+    data: DataConfig = Field(DataConfig(), description="training and held-out data")
+    optim: OptimizerConfig = Field(OptimizerConfig(), description="AdamW and its schedule")
+    train: TrainConfig = Field(TrainConfig(), description=TrainConfig.__doc__)
+    algo: LossConfig = Field(LossConfig(), description="the policy-gradient loss (rl)")
+    rollout: RolloutConfig = Field(RolloutConfig(), description="actors, admission and the fleet (rl)")
+    rewards: RewardsConfig = Field(RewardsConfig(), description="reward functions and workers (rl, eval)")
+    server: ServerConfig = Field(ServerConfig(), description=ServerConfig.__doc__)
 
     @model_validator(mode="after")
     def _derived_defaults(self) -> TandemConfig:
@@ -154,6 +191,105 @@ class TandemConfig(Section):
             self.optim = self.optim.model_copy(update={"total_steps": self.train.steps})
             OptimizerConfig.model_validate(self.optim.model_dump())
         return self
+
+    # The roles' configs, derived here and nowhere else.
+
+    def service_config(self, *, vocab_size: int | None) -> ServiceConfig:
+        """The learner's gRPC server; ``vocab_size`` is the model's (token ids are checked against it)."""
+        from learner.service import ServiceConfig
+
+        rollout, server = self.rollout, self.server
+        return ServiceConfig(
+            queue_capacity=rollout.queue_capacity, max_staleness=rollout.max_staleness,
+            group_size=rollout.group_size, lease_seconds=rollout.lease_seconds,
+            max_prompt_tokens=rollout.max_prompt_tokens, auth_token=server.auth_token, vocab_size=vocab_size,
+            heartbeat_interval_s=rollout.heartbeat_interval_s, actor_timeout_s=rollout.actor_timeout_s,
+            tls_cert_path=server.tls_cert_path, tls_key_path=server.tls_key_path, mode="rl")
+
+    def loop_config(self) -> RLLoopConfig:
+        """The learner's RL loop (the tokenizer's pad id is RLLoop's own argument)."""
+        from learner.rl_loop import RLLoopConfig
+
+        train, rollout = self.train, self.rollout
+        return RLLoopConfig(
+            steps=train.steps, prompts_per_step=train.prompts_per_step, group_size=rollout.group_size,
+            max_sequence_len=rollout.max_prompt_tokens + rollout.max_tokens, publish_every=rollout.publish_every,
+            max_fill_batches=train.max_fill_batches, guard=train.guard)
+
+    def actor_config(self, model_dir: str | Path) -> ActorConfig:
+        """What each rollout actor runs; ``model_dir`` is the model being trained (weight version 0)."""
+        engine = self.rollout.model_dump(include=set(ActorConfig.model_fields))
+        return ActorConfig(**engine, hf_dir=str(model_dir), dtype=self.model.dtype, seed=self.seed,
+                           auth_token=self.server.auth_token, tls_ca_path=self.server.tls_ca_path)
+
+    def eval_settings(self) -> dict[str, Any]:
+        """Keyword arguments of launch.evaluation.Evaluator (besides the model, examples and scorer)."""
+        rollout = self.rollout
+        return {"k": self.train.eval_k, "max_tokens": rollout.max_tokens, "temperature": rollout.temperature,
+                "max_model_len": rollout.max_model_len, "kv_cache_gib": self.train.eval_kv_cache_gib,
+                "dtype": self.model.dtype, "seed": self.seed}
+
+
+# Keys that were dropped; a config still using one fails with what to do instead.
+REMOVED_KEYS = {
+    "mode": "the entrypoint chooses the mode (launch/rl.py, sft.py, pretrain.py, eval.py)",
+    "rollout.hf_dir": "the actors start from the model being trained (model.path, or the tiny model)",
+    "rollout.dtype": "use model.dtype (the learner, the actors and the evaluator share it)",
+    "rollout.seed": "use seed",
+    "rollout.auth_token": "use server.auth_token",
+    "rollout.tls_ca_path": "use server.tls_ca_path",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyDoc:
+    key: str
+    default: Any
+    description: str
+
+
+def _section_type(annotation: Any) -> type | None:
+    if isinstance(annotation, type) and (issubclass(annotation, BaseModel) or dataclasses.is_dataclass(annotation)):
+        return annotation
+    return None
+
+
+def _fields(section: type) -> list[tuple[str, Any, Any, str]]:
+    """(name, annotation, default, description) of each field of a pydantic model or dataclass section."""
+    if issubclass(section, BaseModel):
+        return [(name, f.annotation, f.get_default(call_default_factory=True), f.description or "")
+                for name, f in section.model_fields.items()]
+    properties = TypeAdapter(section).json_schema().get("properties", {})
+    return [(f.name, f.type if isinstance(f.type, type) else None, f.default,
+             properties.get(f.name, {}).get("description", "")) for f in dataclasses.fields(section)]
+
+
+def documented_keys(section: type = TandemConfig, prefix: str = "") -> list[KeyDoc]:
+    """Every settable dotted key under ``section``, with its default and its documentation."""
+    out: list[KeyDoc] = []
+    for name, annotation, default, description in _fields(section):
+        nested = _section_type(annotation)
+        if nested is not None:
+            out += documented_keys(nested, f"{prefix}{name}.")
+        else:
+            out.append(KeyDoc(prefix + name, default, " ".join(description.split())))
+    return out
+
+
+def _shown(default: Any) -> str:
+    if isinstance(default, BaseModel):
+        default = default.model_dump()
+    if isinstance(default, list):
+        default = [d.model_dump(exclude_defaults=True) if isinstance(d, BaseModel) else d for d in default]
+    return yaml.safe_dump(default, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+
+
+def config_help() -> str:
+    """One line per key: `dotted.key  (default)  description`, for an entrypoint's --help."""
+    rows = [(doc.key, f"({_shown(doc.default)})", doc.description) for doc in documented_keys()]
+    key_width = max(len(r[0]) for r in rows)
+    default_width = min(24, max(len(r[1]) for r in rows))
+    return "\n".join(f"  {k:<{key_width}}  {d:<{default_width}}  {text}" for k, d, text in rows)
 
 
 class ConfigError(ValueError):
@@ -196,6 +332,13 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TandemCon
         tree = loaded or {}
     for assignment in overrides:
         apply_override(tree, assignment)
+    for key, instead in REMOVED_KEYS.items():
+        *sections, last = key.split(".")
+        node: Any = tree
+        for part in sections:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and last in node:
+            raise ConfigError(f"'{key}' was removed: {instead}")
     try:
         return TandemConfig.model_validate(tree)
     except ValidationError as error:

@@ -51,14 +51,15 @@ def _mean_reward(results: Sequence[ScoreResult]) -> float:
 class Evaluator:
     """Scores one model on a fixed list of examples; reuse it across evaluations of one run."""
 
-    def __init__(self, hf_dir: Path, examples: Sequence[EvalExample], scorer: Scorer, *,
-                 k: int = 8, max_tokens: int = 16, temperature: float = 1.0, max_model_len: int = 128,
-                 kv_cache_gib: float = 0.25, seed: int = 0):
+    def __init__(self, hf_dir: Path, examples: Sequence[EvalExample], scorer: Scorer, *, k: int, max_tokens: int,
+                 temperature: float, max_model_len: int, kv_cache_gib: float, dtype: str, seed: int):
+        """The keyword arguments come from the run config (launch.config.TandemConfig.eval_settings)."""
         if not examples:
             raise ValueError("evaluation needs at least one example")
         self.examples, self.scorer = list(examples), scorer
         self.k, self.max_tokens, self.temperature = k, max_tokens, temperature
-        self.engine = RolloutEngine(hf_dir, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib, seed=seed)
+        self.engine = RolloutEngine(hf_dir, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib, seed=seed,
+                                     dtype=dtype)
 
     def evaluate(self, tensors: Iterable[tuple[str, np.ndarray]] | None = None) -> dict[str, float]:
         """pass@1 (greedy), mean reward and pass@k at `temperature`, over all examples."""

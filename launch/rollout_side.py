@@ -64,7 +64,7 @@ def run_key(run: Run, actor_config: ActorConfig) -> str:
 def open_rollout_side(run: Run, learner_address: str) -> RolloutSide:
     """Re-attach to this run's fleet if an earlier driver left one, else start reward workers and a fleet."""
     config, rollout = run.config, run.config.rollout
-    actor_config = rollout.actor_config(str(run.model_dir), config.server.auth_token, config.server.tls_ca_path)
+    actor_config = config.actor_config(run.model_dir)
     key = run_key(run, actor_config)
     spec, num_workers = config.rewards.spec(), config.rewards.num_workers
     fleet = find_named_fleet(rollout.fleet_name)

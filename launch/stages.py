@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 from tqdm import tqdm
 
 from launch.arithmetic import SPLITS, make_arithmetic_data
-from launch.config import ConfigError, TandemConfig, load_config
+from launch.config import ConfigError, TandemConfig, config_help, load_config
 from launch.plots import plot_run
 from launch.ray_cluster import WORKER_ENV
 
@@ -54,16 +55,18 @@ class Run:
 def parse_config(mode: Mode, argv: list[str] | None) -> TandemConfig:
     parser = argparse.ArgumentParser(
         prog=f"launch/{mode}.py",
-        description=f"tandem {mode}: " + {
+        description=textwrap.fill(f"tandem {mode}: " + {
             "pretrain": "train the learner alone on all tokens of a text dataset (rows with `text`).",
             "sft": "train the learner alone on assistant tokens of chat data (rows with `messages`).",
             "rl": "GRPO/GSPO with vLLM rollout actors and a reward pool on Ray (rows with `prompt`, `answer`). "
                   "Running the same command again resumes from the last checkpoint and, if the previous "
                   "driver died, re-attaches to its actors (rollout.fleet_name).",
             "eval": "score model.path (default run_dir/hf_final) on data.eval: greedy pass@1, pass rate, pass@k.",
-        }[mode],
-        epilog="Overrides use dotted keys, e.g. train.steps=20 algo.algorithm=gspo rollout.num_actors=2. "
-               "Every key is documented in launch/config.py; launch/configs/ has examples.",
+        }[mode]),
+        epilog=textwrap.fill("Overrides use dotted keys, e.g. train.steps=20 algo.algorithm=gspo "
+                             "rollout.num_actors=2; launch/configs/ has examples. Every key, its default "
+                             "and what it does (launch/config.py declares them):") + "\n\n" + config_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("config", nargs="?", help="YAML config (default: built-in defaults)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
@@ -175,9 +178,10 @@ def make_evaluator(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None
         return None
     rows = chat_prompt_rows(data, tokenizer, limit=config.data.eval_examples, prompt_format=prompt_format)
     examples = [EvalExample(r["prompt_ids"], r["text"], r["metadata"]) for r in rows]
-    return Evaluator(hf_dir, examples, IsolatedScorer(config.rewards.spec()), k=k or config.train.eval_k,
-                     max_tokens=config.rollout.max_tokens, temperature=config.rollout.temperature,
-                     max_model_len=config.rollout.max_model_len, kv_cache_gib=0.25, seed=config.seed)
+    settings = config.eval_settings()
+    if k is not None:
+        settings["k"] = k
+    return Evaluator(hf_dir, examples, IsolatedScorer(config.rewards.spec()), **settings)
 
 
 def evaluate_dir(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None, prompt_format: str = "chat",
@@ -261,34 +265,21 @@ def advertised_host(bind_host: str) -> str:
     return ray.util.get_node_ip_address() if ray.is_initialized() else socket.gethostbyname(socket.gethostname())
 
 
-def build_rl_learner(run: Run, tokenizer, **service_overrides: Any):
-    """The learner side of an RL run, not yet started: trainer, prompt source, gRPC service and RL loop.
-
-    ``service_overrides`` are ServiceConfig fields the run config does not set (e.g. the fault tests'
-    short ``heartbeat_interval_s`` / ``actor_timeout_s``)."""
+def build_rl_learner(run: Run, tokenizer):
+    """The learner side of an RL run, not yet started: trainer, prompt source, gRPC service and RL loop."""
     from learner.checkpoint import Checkpointer
     from learner.prompt_source import PromptSource
-    from learner.rl_loop import RLLoop, RLLoopConfig
-    from learner.service import LearnerService, ServiceConfig
+    from learner.rl_loop import RLLoop
+    from learner.service import LearnerService
 
-    config, rollout = run.config, run.config.rollout
-    trainer = build_trainer(run, temperature=rollout.temperature)
+    config = run.config
+    trainer = build_trainer(run, temperature=config.rollout.temperature)
     prompts = PromptSource(chat_prompt_rows(run.train_data, tokenizer, split=config.data.split),
                            epochs=None, seed=config.seed)
-    service = LearnerService(prompts, ServiceConfig(**{
-        "queue_capacity": rollout.queue_capacity, "max_staleness": rollout.max_staleness,
-        "group_size": rollout.group_size, "lease_seconds": rollout.lease_seconds,
-        "max_prompt_tokens": rollout.max_prompt_tokens, "auth_token": config.server.auth_token,
-        "vocab_size": int(trainer.loaded.hf_config["vocab_size"]), "tls_cert_path": config.server.tls_cert_path,
-        "tls_key_path": config.server.tls_key_path, "heartbeat_interval_s": rollout.heartbeat_interval_s,
-        "actor_timeout_s": rollout.actor_timeout_s, "mode": "rl", **service_overrides}))
+    service = LearnerService(prompts, config.service_config(vocab_size=int(trainer.loaded.hf_config["vocab_size"])))
     checkpointer = Checkpointer(run.run_dir / "checkpoints", max_to_keep=config.train.keep_checkpoints,
                                 save_every=config.train.checkpoint_every)
-    return RLLoop(trainer, service, checkpointer, None, RLLoopConfig(
-        steps=config.train.steps, prompts_per_step=config.train.prompts_per_step,
-        group_size=rollout.group_size, max_sequence_len=rollout.max_prompt_tokens + rollout.max_tokens,
-        publish_every=rollout.publish_every, max_fill_batches=config.train.max_fill_batches,
-        guard=config.train.guard), pad_id=tokenizer.pad_token_id)
+    return RLLoop(trainer, service, checkpointer, None, config.loop_config(), pad_id=tokenizer.pad_token_id)
 
 
 def run_rl_mode(run: Run) -> dict[str, Any]:

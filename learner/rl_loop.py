@@ -50,15 +50,26 @@ RESTART_VERSION_STRIDE = 1_000_000
 
 @dataclass(frozen=True)
 class RLLoopConfig:
+    """The fields without a default come from the run config (launch.config.TandemConfig.loop_config)."""
+
     steps: int
+    """optimizer steps of the run"""
     prompts_per_step: int
+    """groups per step (P)"""
     group_size: int
-    max_sequence_len: int              # prompt + completion tokens, the largest length bucket
-    publish_every: int = 1
-    batch_timeout_s: float = 900.0     # give up when no group arrives for this long
+    """completions per group (G)"""
+    max_sequence_len: int
+    """prompt + completion tokens, the largest length bucket"""
+    publish_every: int
+    """publish new weights every this many steps"""
+    max_fill_batches: int
+    """dynamic_sampling='fill' takes at most this many × P groups a step"""
+    guard: GuardConfig
+    """the entropy / update-norm jump guard"""
+    batch_timeout_s: float = 900.0
+    """give up when no group arrives for this long"""
     min_bucket_len: int = 16
-    max_fill_batches: int = 4          # dynamic_sampling='fill' takes at most this many × P groups a step
-    guard: GuardConfig = GuardConfig()
+    """the smallest length bucket"""
 
 
 class NoRolloutsError(RuntimeError):

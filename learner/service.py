@@ -87,30 +87,52 @@ WARNING_INTERVAL_S = 10.0  # at most one warning about re-registrations per inte
 
 @dataclass(frozen=True)
 class ServiceConfig:
-    """How the learner's server validates, queues and serves (0 / None disables a limit)."""
+    """How the learner's server validates, queues and serves (0 / None disables a limit).
 
-    queue_capacity: int = 64
-    max_staleness: int = 1
-    group_size: int = 0  # completions per group; 0 = any number >= 1
-    lease_seconds: float = 60.0
-    max_prompt_tokens: int = 0  # 0 = no limit
-    auth_token: str | None = None  # when set, every RPC needs `authorization: Bearer <token>`
-    vocab_size: int | None = None  # when set, token ids must be in [0, vocab_size)
-    heartbeat_interval_s: float = 5.0
-    actor_timeout_s: float = 30.0  # an actor silent this long is reported stale
-    max_group_bytes: int = 16 * 1024 * 1024  # largest ScoredGroup message accepted
+    The fields without a default come from the run config: launch.config.TandemConfig.service_config
+    derives them (its `rollout.*` and `server.*` keys document them); the rest are server limits."""
+
+    queue_capacity: int
+    """scored groups held for the trainer; a full queue answers RETRY"""
+    max_staleness: int
+    """a group sampled more than this many versions behind the newest is STALE"""
+    group_size: int
+    """completions per group; 0 = any number >= 1"""
+    lease_seconds: float
+    """a leased prompt not answered within this is offered again"""
+    max_prompt_tokens: int
+    """longer prompts are refused; 0 = no limit"""
+    auth_token: str | None
+    """when set, every RPC needs `authorization: Bearer <token>`"""
+    vocab_size: int | None
+    """when set, token ids must be in [0, vocab_size)"""
+    heartbeat_interval_s: float
+    """how often actors are told to report liveness"""
+    actor_timeout_s: float
+    """an actor silent this long is reported stale"""
+    tls_cert_path: str | None
+    """PEM certificate; the server speaks TLS only when both cert and key are set"""
+    tls_key_path: str | None
+    """PEM key of tls_cert_path"""
+    max_group_bytes: int = 16 * 1024 * 1024
+    """largest ScoredGroup message accepted"""
     weight_chunk_bytes: int = WEIGHT_CHUNK_BYTES
-    tls_cert_path: str | None = None  # PEM; TLS when both cert and key are set
-    tls_key_path: str | None = None
-    max_actors: int = 4096  # registered actors kept; silent ones are evicted first
-    max_streams: int = 256  # concurrent group streams, all actors together (one per actor is normal)
-    max_streams_per_actor: int = 2  # room for a reconnect while the old stream is torn down
-    max_weight_streams: int = 32  # concurrent FetchWeights calls
-    unary_workers: int = 32  # workers left for Register, Heartbeat, LeasePrompts, ReportWeights, Status
-    # a group stream that receives and sends nothing (or a weight stream not read) this long is
-    # cancelled; honest actors send at least once per generate call (rollout.generate_timeout_s)
+    """size of one FetchWeights chunk"""
+    max_actors: int = 4096
+    """registered actors kept; silent ones are evicted first"""
+    max_streams: int = 256
+    """concurrent group streams, all actors together (one per actor is normal)"""
+    max_streams_per_actor: int = 2
+    """room for a reconnect while the old stream is torn down"""
+    max_weight_streams: int = 32
+    """concurrent FetchWeights calls"""
+    unary_workers: int = 32
+    """workers left for Register, Heartbeat, LeasePrompts, ReportWeights, Status"""
     stream_idle_timeout_s: float = 600.0
+    """a group stream that receives and sends nothing (or a weight stream not read) this long is
+    cancelled; honest actors send at least once per generate call (rollout.generate_timeout_s)"""
     mode: str = "rl"
+    """what Status reports the learner is running"""
 
 
 class WeightsNotHeld(LookupError):
@@ -156,8 +178,8 @@ def served(method: Callable) -> Callable:
 class LearnerService(rpc.LearnerServicer):
     """gRPC servicer of tandem's Learner service plus the trainer-facing API."""
 
-    def __init__(self, prompts: PromptSource, config: ServiceConfig | None = None) -> None:
-        self.config = cfg = config or ServiceConfig()
+    def __init__(self, prompts: PromptSource, config: ServiceConfig) -> None:
+        self.config = cfg = config
         self._prompts = prompts
         self._cond = threading.Condition(threading.RLock())
         self._queue = GroupQueue(cfg.queue_capacity)

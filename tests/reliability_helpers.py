@@ -13,6 +13,7 @@ writes RUN_DIR/held and waits to be killed (a deterministic point to kill the le
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -34,7 +35,7 @@ ACTOR_TIMEOUT_S = 3.0
 # Short liveness settings so a test sees a silent actor within seconds (production: 5 s / 30 s).
 # A tiny generate takes well under a second, but this 2-core machine is shared: allow for load.
 GENERATE_TIMEOUT_S = 30.0
-SERVICE_OVERRIDES = {"heartbeat_interval_s": 0.5, "actor_timeout_s": ACTOR_TIMEOUT_S}
+SHORT_LIVENESS = {"heartbeat_interval_s": 0.5, "actor_timeout_s": ACTOR_TIMEOUT_S}  # rollout.* keys
 TINY_MODEL = ("model.tiny.num_layers=2", "model.tiny.hidden_size=64", "model.tiny.intermediate_size=128",
               "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1", "model.tiny.head_dim=32")
 
@@ -76,7 +77,8 @@ def build_learner(run):
 
     from launch.stages import build_rl_learner
 
-    return build_rl_learner(run, AutoTokenizer.from_pretrained(run.model_dir), **SERVICE_OVERRIDES)
+    config = run.config.model_copy(update={"rollout": run.config.rollout.model_copy(update=SHORT_LIVENESS)})
+    return build_rl_learner(dataclasses.replace(run, config=config), AutoTokenizer.from_pretrained(run.model_dir))
 
 
 def start_fleet(run, address: str, num_actors: int):
@@ -85,7 +87,7 @@ def start_fleet(run, address: str, num_actors: int):
     from rewards.pool import RewardPool
 
     pool = RewardPool(run.config.rewards.spec(), num_workers=1)
-    fleet = start_named_fleet(run.config.rollout.actor_config(str(run.model_dir), None), address,
+    fleet = start_named_fleet(run.config.actor_config(run.model_dir), address,
                               pool.handles(), initial_actors=num_actors)
     return pool, fleet
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import ray
 from actors_helpers import chat_prompt, make_base_model, wait_for
+from config_helpers import actor_config, service_config
 
-from actors.config import ActorConfig
 from actors.fleet import set_actor_count, start_named_fleet
 from learner.prompt_source import PromptSource
-from learner.service import LearnerService, ServiceConfig
+from learner.service import LearnerService
 from models.tokenizer import vocab_size_for
 from rewards.pool import RewardPool, RewardSpec, WeightedReward
 
@@ -62,12 +62,12 @@ def run(ray_session, tmp_path_factory):
     rows = [{"prompt_ids": chat_prompt(f"{i}+{i}"), "text": f"{i}+{i}", "metadata": {"answer": str(2 * i)}}
             for i in range(NUM_PROMPTS)]
     service = LearnerService(PromptSource(rows, epochs=1, seed=0),
-                             ServiceConfig(queue_capacity=4, group_size=G, lease_seconds=5.0,
-                                           vocab_size=vocab_size_for(), heartbeat_interval_s=0.5))
+                             service_config(queue_capacity=4, group_size=G, lease_seconds=5.0,
+                                            vocab_size=vocab_size_for(), heartbeat_interval_s=0.5))
     address = service.start()
     pool = RewardPool(RewardSpec(functions=[WeightedReward(ref="exact_match")]), num_workers=1)
-    config = ActorConfig(hf_dir=str(base), group_size=G, max_tokens=8, max_model_len=64, kv_cache_gib=0.125,
-                         prompts_per_batch=2, num_cpus=0)
+    config = actor_config(base, group_size=G, max_tokens=8, max_model_len=64, kv_cache_gib=0.125,
+                          prompts_per_batch=2, num_cpus=0)
     fleet = start_named_fleet(config, address, pool.handles(), initial_actors=1)
     trainer = Trainer(service)
     yield service, fleet, trainer

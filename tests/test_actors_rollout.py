@@ -22,12 +22,13 @@ from actors_helpers import (
     wait_for,
     write_weights_dir,
 )
+from config_helpers import actor_config, service_config
 
 import learner.service as service_module
-from actors.config import ActorConfig
 from actors.fleet import ActorFleet
+from launch.config import load_config
 from learner.prompt_source import PromptSource
-from learner.service import GroupRecord, LearnerService, ServiceConfig
+from learner.service import GroupRecord, LearnerService
 from models.tokenizer import vocab_size_for
 from rewards.pool import RewardPool, RewardSpec, WeightedReward
 
@@ -88,12 +89,12 @@ def rig(ray_session, tmp_path_factory):
     pool = RewardPool(RewardSpec(functions=[WeightedReward(ref="exact_match")]), num_workers=1)
     service = LearnerService(
         PromptSource(dataset(), epochs=None, seed=0),
-        ServiceConfig(queue_capacity=QUEUE_CAPACITY, max_staleness=1000, group_size=G, lease_seconds=30.0,
-                      vocab_size=vocab_size_for(), heartbeat_interval_s=0.5))
+        service_config(queue_capacity=QUEUE_CAPACITY, max_staleness=1000, group_size=G, lease_seconds=30.0,
+                       vocab_size=vocab_size_for(), heartbeat_interval_s=0.5))
     address = service.start()
-    config = ActorConfig(hf_dir=str(base), group_size=G, temperature=TEMPERATURE, max_tokens=10,
-                         max_prompt_tokens=MAX_PROMPT_TOKENS, max_model_len=64, kv_cache_gib=0.125,
-                         prompts_per_batch=2, weight_retry_s=0.5, num_cpus=0)
+    config = actor_config(base, group_size=G, temperature=TEMPERATURE, max_tokens=10,
+                          max_prompt_tokens=MAX_PROMPT_TOKENS, max_model_len=64, kv_cache_gib=0.125,
+                          prompts_per_batch=2, weight_retry_s=0.5, num_cpus=0)
     fleet = ActorFleet(config, address, pool.handles())
     rig = Rig(service, fleet, None, dirs)
     # published before the actor exists: it must catch up to version 1 before its first sample
@@ -215,5 +216,5 @@ def test_backpressure_stops_the_actor_at_the_queue_bound_with_flat_memory(rig):
     assert all(depth <= QUEUE_CAPACITY for depth, _ in samples)
     last = samples[-1][1]
     assert last["groups_sent"] - first["groups_sent"] <= 1, (first["groups_sent"], last["groups_sent"])
-    assert last["unacked"] <= QUEUE_CAPACITY + ActorConfig.model_fields["prompts_per_batch"].default + 2
+    assert last["unacked"] <= QUEUE_CAPACITY + load_config(None).rollout.prompts_per_batch + 2
     assert last["rss_bytes"] - first["rss_bytes"] < 32 * 2**20, (first["rss_bytes"], last["rss_bytes"])

@@ -10,9 +10,9 @@ from launch.config import ConfigError, load_config
 
 def test_yaml_and_overrides_are_applied(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("mode: sft\ntrain:\n  steps: 7\nrollout:\n  group_size: 4\n")
+    path.write_text("seed: 3\ntrain:\n  steps: 7\nrollout:\n  group_size: 4\n")
     config = load_config(path, ["train.steps=9", "algo.beta=0.04", "rewards.functions=[{ref: math_answer}]"])
-    assert config.mode == "sft"
+    assert config.seed == 3
     assert config.train.steps == 9
     assert config.rollout.group_size == 4
     assert config.algo.beta == pytest.approx(0.04)
@@ -84,5 +84,5 @@ def test_schedule_spans_the_run_unless_set():
 
 def test_actors_get_the_run_token_and_the_learner_ca():
     config = load_config(None, ["server.auth_token=t0k", "server.tls_ca_path=/etc/tandem/ca.pem"])
-    actor = config.rollout.actor_config("/models/x", config.server.auth_token, config.server.tls_ca_path)
+    actor = config.actor_config("/models/x")
     assert (actor.hf_dir, actor.auth_token, actor.tls_ca_path) == ("/models/x", "t0k", "/etc/tandem/ca.pem")

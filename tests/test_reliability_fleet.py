@@ -14,15 +14,16 @@ from types import SimpleNamespace
 import pytest
 import ray
 from actors_helpers import wait_for
+from config_helpers import actor_config, loop_config, service_config
 from ray.exceptions import RayActorError
 
-from actors.config import ActorConfig, RestartPolicy
+from actors.config import RestartPolicy
 from actors.fleet import find_named_fleet, start_named_fleet
 from launch.supervisor import FleetSupervisor
 from learner.losses import LossConfig
 from learner.prompt_source import PromptSource
-from learner.rl_loop import NoRolloutsError, RLLoop, RLLoopConfig
-from learner.service import LearnerService, ServiceConfig
+from learner.rl_loop import NoRolloutsError, RLLoop
+from learner.service import LearnerService
 from rewards.pool import RewardPool, RewardSpec, WeightedReward
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,16 +40,16 @@ def detached_reward_worker():
 
 def test_a_crash_looping_actor_backs_off_is_given_up_and_the_run_stops_with_the_reason(ray_session, tmp_path):
     # an engine that cannot start: every RolloutActor dies in its constructor, seconds after its spawn
-    config = ActorConfig(hf_dir=str(tmp_path / "no-such-model"), num_cpus=0)
+    config = actor_config(tmp_path / "no-such-model", num_cpus=0)
     policy = RestartPolicy(backoff_s=BACKOFF_S, backoff_max_s=30, stable_after_s=300,
                            max_quick_failures=MAX_QUICK_FAILURES)
     fleet = start_named_fleet(config, "127.0.0.1:1", [], 1, name="crash-loop-test", restart=policy)
     service = LearnerService(PromptSource([{"prompt_ids": [1, 2], "text": "p", "metadata": {}}]),
-                             ServiceConfig(group_size=2))
+                             service_config(group_size=2))
     # the loop stops before any update, so the trainer is only asked which dynamic sampling it runs
     no_trainer = SimpleNamespace(loss_config=LossConfig())
-    loop = RLLoop(no_trainer, service, None, None, RLLoopConfig(steps=1, prompts_per_step=1, group_size=2,
-                                                                max_sequence_len=16), pad_id=0)
+    loop = RLLoop(no_trainer, service, None, None, loop_config(steps=1, prompts_per_step=1, group_size=2,
+                                                               max_sequence_len=16), pad_id=0)
     supervisor = FleetSupervisor(service, fleet, interval_s=0.2, on_fatal=loop.abort).start()
     started = time.monotonic()
     try:
@@ -81,7 +82,7 @@ def test_a_crash_looping_actor_backs_off_is_given_up_and_the_run_stops_with_the_
 
 def test_a_fleet_no_driver_touches_shuts_down_with_its_reward_workers(ray_session, tmp_path):
     worker = detached_reward_worker()
-    fleet = start_named_fleet(ActorConfig(hf_dir=str(tmp_path)), "127.0.0.1:1", [worker], 0,
+    fleet = start_named_fleet(actor_config(tmp_path), "127.0.0.1:1", [worker], 0,
                               name="orphan-test", run_key="run-a", orphan_timeout_s=2.0)
     # a driver touching it keeps it: 4 s > the timeout
     for _ in range(8):
@@ -98,7 +99,7 @@ def test_a_fleet_no_driver_touches_shuts_down_with_its_reward_workers(ray_sessio
 
 def test_the_fleet_cli_closes_a_fleet_a_stopped_run_left_behind(ray_session, tmp_path):
     worker = detached_reward_worker()
-    start_named_fleet(ActorConfig(hf_dir=str(tmp_path)), "127.0.0.1:1", [worker], 0, name="left-behind")
+    start_named_fleet(actor_config(tmp_path), "127.0.0.1:1", [worker], 0, name="left-behind")
     gcs = ray.get_runtime_context().gcs_address
     cli = [sys.executable, "-m", "actors.fleet", "--close", "--name", "left-behind", "--address", gcs]
     closed = subprocess.run(cli, cwd=ROOT, capture_output=True, text=True, timeout=120)

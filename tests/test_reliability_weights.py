@@ -98,10 +98,12 @@ import time
 import numpy as np
 
 from learner.prompt_source import PromptSource
-from learner.service import LearnerService, ServiceConfig
+from config_helpers import service_config
+
+from learner.service import LearnerService
 
 service = LearnerService(PromptSource([{"prompt_ids": [1], "text": "p", "metadata": {}}]),
-                         ServiceConfig(weight_chunk_bytes=1 << 20))
+                         service_config(weight_chunk_bytes=1 << 20))
 print(service.start("127.0.0.1:0"), flush=True)
 rng = np.random.default_rng(0)
 for version, floats in ((1, 1 << 10), (2, 64 << 18)):  # 4 KiB, then 64 MiB in 1 MiB chunks

@@ -14,6 +14,7 @@ import grpc
 import ml_dtypes
 import numpy as np
 import pytest
+from config_helpers import service_config
 from wire_helpers import (
     CAPABILITIES,
     VOCAB,
@@ -27,7 +28,7 @@ from wire_helpers import (
 from actors.learner_client import LearnerClient, WeightTransferError
 from learner.accounting import balance_violations
 from learner.prompt_source import PromptSource
-from learner.service import LearnerService, ServiceConfig
+from learner.service import LearnerService
 from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
 
 
@@ -252,7 +253,7 @@ def test_a_client_retargeted_to_a_learner_on_a_new_address_resends_its_unacked_g
             client.send_group(make_group(lease, client.actor_id))
         wait_until(lambda: old.queue_depth() == 3, what="three groups queued at the old learner")
         state = old.state_dict()  # what a checkpoint holds
-    restored = LearnerService(PromptSource(prompts), ServiceConfig(group_size=4, vocab_size=VOCAB))
+    restored = LearnerService(PromptSource(prompts), service_config(group_size=4, vocab_size=VOCAB))
     restored.load_state_dict(state)
     with running_service(service=restored) as (new, new_address):
         assert new_address != old_address
@@ -279,7 +280,7 @@ def test_groups_leased_after_the_checkpoint_come_back_to_a_restored_learner_as_s
         checkpoint = old.state_dict()
         after, _ = client.lease_prompts(2)  # leased after the checkpoint
         client.close()
-    restored = LearnerService(PromptSource(prompts), ServiceConfig(group_size=4, vocab_size=VOCAB))
+    restored = LearnerService(PromptSource(prompts), service_config(group_size=4, vocab_size=VOCAB))
     restored.load_state_dict(checkpoint)
     with running_service(service=restored) as (new, address):
         new.publish_weights(1_000_000, _weights(0))  # a restored learner's fresh version

@@ -10,6 +10,7 @@ import threading
 
 import numpy as np
 import pytest
+from config_helpers import service_config
 from wire_helpers import (
     VOCAB,
     connected_client,
@@ -22,7 +23,7 @@ from wire_helpers import (
 
 from learner.accounting import balance_violations
 from learner.prompt_source import PromptSource
-from learner.service import LearnerService, ServiceConfig
+from learner.service import LearnerService
 from tandem_wire import pb
 
 MAX_PROMPT_TOKENS = 8
@@ -245,7 +246,7 @@ def test_an_expired_lease_is_reissued_and_exactly_one_copy_is_consumed(late_copy
 
 def test_learner_restart_resends_unacked_rejects_duplicates_and_consumes_exactly_once():
     data = make_prompts(30)
-    config = ServiceConfig(group_size=4, vocab_size=VOCAB, lease_seconds=60)
+    config = service_config(group_size=4, vocab_size=VOCAB, lease_seconds=60)
     old = LearnerService(PromptSource(data, seed=5), config)
     address = old.start("127.0.0.1:0")
     client = connected_client(address)

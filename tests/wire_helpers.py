@@ -14,11 +14,12 @@ from pathlib import Path
 import grpc
 import numpy as np
 import psutil
+from config_helpers import service_config
 
 from actors.learner_client import LearnerClient, PromptLease
 from learner.accounting import balance_violations
 from learner.prompt_source import PromptSource
-from learner.service import LearnerService, ServiceConfig
+from learner.service import LearnerService
 from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
 from tandem_wire.limits import CREDENTIAL_METADATA_KEY
 
@@ -97,7 +98,7 @@ def running_service(
     """Start ``service`` (default: a new one over ``prompts`` with ``config``) and stop it afterwards."""
     config.setdefault("group_size", 4)
     config.setdefault("vocab_size", VOCAB)
-    service = service or LearnerService(prompts or PromptSource(make_prompts(32)), ServiceConfig(**config))
+    service = service or LearnerService(prompts or PromptSource(make_prompts(32)), service_config(**config))
     bound = service.start(address)
     try:
         yield service, bound
@@ -145,8 +146,9 @@ import json, sys
 sys.path[:0] = [{root!r}, {tests!r}]
 from wire_helpers import make_prompts
 from learner.prompt_source import PromptSource
-from learner.service import LearnerService, ServiceConfig
-service = LearnerService(PromptSource(make_prompts(64), epochs=None), ServiceConfig(**json.loads(sys.argv[1])))
+from config_helpers import service_config
+from learner.service import LearnerService
+service = LearnerService(PromptSource(make_prompts(64), epochs=None), service_config(**json.loads(sys.argv[1])))
 print(service.start("127.0.0.1:0"), flush=True)
 sys.stdin.read()
 """

@@ -115,8 +115,8 @@ def run_loop(prepared, args: argparse.Namespace, split) -> dict:
     from launch.stages import build_trainer, chat_prompt_rows
     from learner.checkpoint import Checkpointer
     from learner.prompt_source import PromptSource
-    from learner.rl_loop import RLLoop, RLLoopConfig
-    from learner.service import LearnerService, ServiceConfig
+    from learner.rl_loop import RLLoop
+    from learner.service import LearnerService
     from rewards.pool import RewardPool
 
     config, rollout = prepared.config, prepared.config.rollout
@@ -129,18 +129,11 @@ def run_loop(prepared, args: argparse.Namespace, split) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(prepared.model_dir)
     trainer = build_trainer(prepared, temperature=rollout.temperature)
     prompts = PromptSource(chat_prompt_rows(prepared.train_data, tokenizer), epochs=None, seed=config.seed)
-    service = LearnerService(prompts, ServiceConfig(
-        queue_capacity=rollout.queue_capacity, max_staleness=rollout.max_staleness,
-        group_size=rollout.group_size, lease_seconds=rollout.lease_seconds,
-        max_prompt_tokens=rollout.max_prompt_tokens,
-        vocab_size=int(trainer.loaded.hf_config["vocab_size"]), mode="rl"))
+    service = LearnerService(prompts, config.service_config(vocab_size=int(trainer.loaded.hf_config["vocab_size"])))
     checkpointer = Checkpointer(prepared.run_dir / "checkpoints", max_to_keep=1, save_every=args.steps + 1)
-    loop = RLLoop(trainer, service, checkpointer, None, RLLoopConfig(
-        steps=args.steps, prompts_per_step=config.train.prompts_per_step, group_size=rollout.group_size,
-        max_sequence_len=rollout.max_prompt_tokens + rollout.max_tokens, publish_every=rollout.publish_every),
-        pad_id=tokenizer.pad_token_id)
+    loop = RLLoop(trainer, service, checkpointer, None, config.loop_config(), pad_id=tokenizer.pad_token_id)
     address = loop.start("127.0.0.1:0")
-    fleet = ActorFleet(rollout.actor_config(str(prepared.model_dir), None), address, pool.handles())
+    fleet = ActorFleet(config.actor_config(prepared.model_dir), address, pool.handles())
     fleet.scale(rollout.num_actors)
     marks: dict[str, tuple[float, dict]] = {}
     waits: list[float] = []

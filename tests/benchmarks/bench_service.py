@@ -78,8 +78,10 @@ def export_baseline(rev: str, dest: Path) -> Path:
 @contextlib.contextmanager
 def server(root: Path, groups: int) -> Iterator[tuple[str, psutil.Process]]:
     """A learner server whose code comes from `root`, with room to queue every group: (address, process)."""
+    # every field the current ServiceConfig requires, with the values the baseline's defaults had
     config = dict(root=str(root), prompt_tokens=PROMPT_TOKENS, queue_capacity=groups, group_size=GROUP_SIZE,
-                  vocab_size=VOCAB, max_staleness=1)
+                  vocab_size=VOCAB, max_staleness=1, lease_seconds=60.0, max_prompt_tokens=0, auth_token=None,
+                  heartbeat_interval_s=5.0, actor_timeout_s=30.0, tls_cert_path=None, tls_key_path=None)
     process = subprocess.Popen([sys.executable, "-c", SERVER, json.dumps(config)], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True, cwd=root)
     try:

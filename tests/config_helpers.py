@@ -1,0 +1,28 @@
+"""Role configs for tests, built the way launch builds them (launch.config.TandemConfig), so that
+their defaults live in one place. Keyword arguments replace single fields."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from actors.config import ActorConfig
+from launch.config import load_config
+
+
+def service_config(**fields):
+    """The learner server's config of a default run, but with no token (whatever the environment says),
+    no vocab check, any group size and any prompt length unless ``fields`` set them."""
+    base = load_config(None).service_config(vocab_size=None)
+    return dataclasses.replace(base, **{"auth_token": None, "group_size": 0, "max_prompt_tokens": 0, **fields})
+
+
+def loop_config(overrides: list[str] = (), **fields):
+    """The RL loop's config of a default run with config ``overrides`` (dotted keys), then ``fields``."""
+    return dataclasses.replace(load_config(None, list(overrides)).loop_config(), **fields)
+
+
+def actor_config(hf_dir: str | Path, **fields) -> ActorConfig:
+    """An actor's config of a default run over ``hf_dir`` (no token unless given), then ``fields``."""
+    base = load_config(None).actor_config(hf_dir).model_dump()
+    return ActorConfig(**{**base, "auth_token": None, **fields})
