@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from transformers import AutoTokenizer  # noqa: E402
 
-from launch.config import ConfigError, load_config  # noqa: E402
+from launch.config import ConfigError, config_help, load_config  # noqa: E402
 from launch.plots import plot_demo  # noqa: E402
 from launch.stages import (  # noqa: E402
     MODES,
@@ -61,7 +61,9 @@ def stage_overrides(args: argparse.Namespace, stage: str, previous_hf: str | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="Keys an override sets (after its stage prefix), their defaults "
+                                            "and what they do:\n\n" + config_help())
     parser.add_argument("--run-dir", default="runs/demo", help="where every stage writes (wiped first)")
     parser.add_argument("--quick", action="store_true", help="a few steps per stage (plumbing check)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every stage (data, weights, sampling)")
