@@ -14,7 +14,9 @@ chat-format differences are rarely right greedily but sometimes among 8 samples:
 Measured with this test's checkpoint on a 2-core CPU machine (256 held-out chat differences): after
 SFT greedy 0.059, pass@8 0.090, the weakest start seen. From there the demo's RL stage without
 dynamic sampling stalled (0.145 after 30 steps; 0.137 at step 20 and 0.105 at 40), and with it (the
-demo's `algo.dynamic_sampling: fill`) reached 0.180 at step 20 and 0.832 at step 40, pass@8 0.934.
+demo's `algo.dynamic_sampling: fill`) reached 0.180 at step 20 and 0.832 at step 40, pass@8 0.934;
+a second run of this test with 40 steps reached 0.402 (the rise comes between steps ~20 and ~40, and
+where exactly moves with the asynchronous timing), hence 50 steps here.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ CONFIGS = Path(__file__).resolve().parents[1] / "launch" / "configs"
 SEED = 0
 HELDOUT = 256
 PRETRAIN_STEPS = 3000
-RL_STEPS = 40  # the demo's
-MARGIN = 0.25  # greedy accuracy after RL minus before, at least
+RL_STEPS = 50  # the demo's 40 and 10 more: from this weak a start the rise comes late and varies
+MARGIN = 0.20  # greedy accuracy after RL minus before, at least (issue 13's bar for the demo)
 PLATEAU_LOSS = 1.2  # mean pretraining loss over the last 100 steps is below this once past the transition
 COMMON = [f"seed={SEED}", "mesh.fsdp=1", f"data.eval_examples={HELDOUT}"]
 
