@@ -16,7 +16,8 @@ SFT greedy 0.059, pass@8 0.090, the weakest start seen. From there the demo's RL
 dynamic sampling stalled (0.145 after 30 steps; 0.137 at step 20 and 0.105 at 40), and with it (the
 demo's `algo.dynamic_sampling: fill`) reached 0.180 at step 20 and 0.832 at step 40, pass@8 0.934;
 a second run of this test with 40 steps reached 0.402 (the rise comes between steps ~20 and ~40, and
-where exactly moves with the asynchronous timing), hence 50 steps here.
+where exactly moves with the asynchronous timing), hence 50 steps here: 0.059 -> 0.938 greedy, pass@8
+0.090 -> 0.980 (the whole test 410 s on an idle 2-core machine: pretraining 213 s, SFT 39 s, RL 141 s).
 """
 
 from __future__ import annotations
