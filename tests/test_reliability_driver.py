@@ -31,7 +31,9 @@ def rl_job(ray_head, run_dir, data_dir) -> list[str]:
         "rollout.queue_capacity=8", "rollout.lease_seconds=10", "rollout.fleet_name=driver-kill-test",
         "optim.warmup_steps=0", "train.eval_every=0", "data.eval_examples=16",
         # the asynchronous loop (the demo config is synchronous): groups in flight across the kill
-        "rollout.sync=false", "rollout.max_staleness=1")
+        "rollout.sync=false", "rollout.max_staleness=1",
+        # a model from scratch gets no reward: 'fill' would retire every group and train on none
+        "algo.dynamic_sampling=off")
 
 
 def driver_processes(run_dir) -> list[psutil.Process]:
