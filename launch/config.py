@@ -160,8 +160,13 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message names the key and what is allowed."""
 
 
+# YAML 1.1 (PyYAML) reads these words as booleans; in an override they mean the word (dynamic_sampling=off).
+WORD_BOOLEANS = {"on", "off", "yes", "no"}
+
+
 def apply_override(tree: dict[str, Any], assignment: str) -> None:
-    """Apply one `dotted.key=value` override; the value is parsed as YAML (numbers, lists, null)."""
+    """Apply one `dotted.key=value` override; the value is parsed as YAML (numbers, lists, null,
+    true/false), except that on/off/yes/no stay words."""
     if "=" not in assignment:
         raise ConfigError(f"override {assignment!r} is not of the form key=value")
     key, raw = assignment.split("=", 1)
@@ -172,7 +177,8 @@ def apply_override(tree: dict[str, Any], assignment: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"override {key!r}: {part!r} is not a section")
         node = child
-    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+    value = raw.strip()
+    node[parts[-1]] = None if not value else value if value.lower() in WORD_BOOLEANS else yaml.safe_load(raw)
 
 
 def format_validation_error(error: ValidationError) -> str:

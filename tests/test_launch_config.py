@@ -19,6 +19,12 @@ def test_yaml_and_overrides_are_applied(tmp_path):
     assert [f.ref for f in config.rewards.functions] == ["math_answer"]
 
 
+def test_override_words_that_yaml_reads_as_booleans_stay_words():
+    config = load_config(None, ["algo.dynamic_sampling=off", "train.skip_no_signal=false"])
+    assert config.algo.dynamic_sampling == "off" and config.train.skip_no_signal is False
+    assert load_config(None, ["algo.dynamic_sampling=fill"]).algo.dynamic_sampling == "fill"
+
+
 def test_unknown_key_is_named():
     with pytest.raises(ConfigError, match=r"unknown key 'train.stepz'"):
         load_config(None, ["train.stepz=3"])
