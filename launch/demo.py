@@ -36,8 +36,7 @@ from launch.stages import (  # noqa: E402
     Run,
     evaluate_dir,
     prepare,
-    run_rl_mode,
-    run_supervised_mode,
+    run_mode,
     setup_process,
 )
 
@@ -82,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error in stage {stage}: {error}")
             return 2
         run = prepare(config, stage)
-        summary = run_rl_mode(run) if stage == "rl" else run_supervised_mode(run, stage)
+        summary = run_mode(run, stage)
         previous_hf = summary["hf_final"]
         results[stage] = {**summary["eval"], **other_tasks(run, Path(previous_hf)),
                           "minutes": (time.monotonic() - started) / 60}

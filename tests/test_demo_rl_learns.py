@@ -31,7 +31,7 @@ import pytest
 
 from launch.arithmetic import make_arithmetic_data
 from launch.config import load_config
-from launch.stages import prepare, run_rl_mode, run_supervised_mode
+from launch.stages import prepare, run_mode
 from learner.accounting import balance_violations
 
 CONFIGS = Path(__file__).resolve().parents[1] / "launch" / "configs"
@@ -50,7 +50,7 @@ def _stage(mode: str, run_dir: Path, overrides: list[str]):
     config = load_config(CONFIGS / f"demo_{mode}.yaml", [f"run_dir={run_dir}", *COMMON, *overrides])
     run = prepare(config, mode)
     started = time.monotonic()
-    summary = run_rl_mode(run) if mode == "rl" else run_supervised_mode(run, mode)
+    summary = run_mode(run, mode)
     return summary, time.monotonic() - started
 
 
