@@ -1,17 +1,12 @@
 """Actor-side client of the learner's gRPC service (tandem_wire `Learner`).
 
-Groups: `send_group` hands a ScoredGroup to a background thread that owns one bidirectional
-StreamGroups call. Every group stays in the client's unacked map until the learner answers
-CONSUMED, DUPLICATE, STALE or INVALID; QUEUED groups are kept (the learner may still lose them
-in a restart) and RETRY groups are sent again. When the stream breaks (learner restarted,
-network), the thread re-registers, opens a new stream and re-sends every unacked group in order;
-the learner's de-duplication makes that safe.
-
-Flow control: acks carry the actor's credits (how many more groups the learner will queue for
-it). The sender only sends while `credits - groups awaiting their first ack > 0`; without credits
-it sends one probe now and then (with exponential back-off) to learn when space frees up.
-`send_group` blocks while the backlog exceeds the credits, so an actor never holds more than a
-few groups beyond what the learner has queued for it.
+Groups: `send_group` puts a ScoredGroup in the client's outbox (actors/outbox.py, which states the
+protocol: final and non-final acks, credits and probes, re-sending after a reconnect) and hands it
+to a background thread that owns one bidirectional StreamGroups call; the outbox decides what that
+call sends and when. When the stream breaks (learner restarted, network), the thread re-registers
+and opens a new stream, on which the outbox re-sends every unacked group in order. `send_group`
+blocks while the backlog exceeds the credits, so an actor never holds more than a few groups
+beyond what the learner has queued for it.
 
 Weights: `fetch_weights` stages a whole version and verifies it (actors/weight_staging.py).
 
@@ -29,7 +24,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +32,7 @@ from typing import Any
 
 import grpc
 
+from actors.outbox import PROBE_DELAY_S, Outbox, Send
 from actors.weight_staging import StagedWeights, WeightTransferError, stage_weights
 from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
 from tandem_wire.limits import CREDENTIAL_METADATA_KEY, MAX_DETAIL_CHARS
@@ -53,13 +49,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 AUTH_METADATA_KEY = "authorization"
-FINAL_STATUSES = {
-    pb.ACK_STATUS_CONSUMED: "consumed",
-    pb.ACK_STATUS_DUPLICATE: "duplicate",
-    pb.ACK_STATUS_STALE: "stale",
-    pb.ACK_STATUS_INVALID: "invalid",
-}
-PROBE_DELAY_S = (0.05, 2.0)  # back-off range of credit probes and of reconnects
 # A group stream ending with one of these is routine (a learner restart, an idle stream cancelled, a
 # registration the learner no longer knows): reconnect quietly.
 EXPECTED_STREAM_ENDS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAUTHENTICATED)
@@ -113,22 +102,14 @@ class LearnerClient:
         self._tls_ca_path = tls_ca_path
         self._channel = self._open_channel(address)
         self._stub = rpc.LearnerStub(self._channel)
-        self._cond = threading.Condition()
-        self._unacked: dict[str, pb.ScoredGroup] = {}  # insertion order = send order
-        self._to_send: deque[str] = deque()
-        self._awaiting: set[str] = set()  # sent on this stream, no ack yet
-        self._sent_before: set[str] = set()  # unacked ids sent at least once
-        self._server_credits = 1
-        self._probe_at = 0.0
-        self._probe_delay = PROBE_DELAY_S[0]
+        self._cond = threading.Condition()  # guards the outbox and the fields below
+        self._outbox: Outbox[pb.ScoredGroup] = Outbox()
         self._latest_version = 0
         self._registration: tuple[dict[str, Any], int] | None = None
-        self._stream_epoch = 0
         self._stream_thread: threading.Thread | None = None
         self._stream_call: Any = None
         self._closed = False
         self._closed_reason = "client is closed"
-        self._counts: Counter[str] = Counter()
         self.rejections: deque[tuple[str, str, str]] = deque(maxlen=100)  # (group_id, status, detail)
 
     # ================================================================== registration, prompts
@@ -152,7 +133,7 @@ class LearnerClient:
         with self._cond:
             self._registration = (dict(capabilities), weight_version)
             self._credential = reply.credential or None
-            self._server_credits = reply.credits
+            self._outbox.set_credits(reply.credits)
             self._latest_version = reply.latest_version
             self._cond.notify_all()
         return RegisterInfo(
@@ -215,11 +196,7 @@ class LearnerClient:
         with self._cond:
             if self._closed:
                 raise RuntimeError(self._closed_reason)
-            if group.group_id in self._unacked:
-                raise ValueError(f"group {group.group_id!r} is already waiting for an ack")
-            self._unacked[group.group_id] = group
-            self._to_send.append(group.group_id)
-            self._counts["submitted"] += 1
+            self._outbox.add(group.group_id, group)
             if self._stream_thread is None:
                 self._stream_thread = threading.Thread(
                     target=self._stream_loop, name="tandem-group-stream", daemon=True
@@ -231,25 +208,24 @@ class LearnerClient:
 
     def unacked_count(self) -> int:
         with self._cond:
-            return len(self._unacked)
+            return self._outbox.unacked_count()
 
     def is_unacked(self, group_id: str) -> bool:
         """Whether a group with this id was submitted and has no final ack yet."""
         with self._cond:
-            return group_id in self._unacked
+            return self._outbox.is_unacked(group_id)
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every sent group got a final ack (CONSUMED/DUPLICATE/STALE/INVALID)."""
         with self._cond:
-            return (
-                self._cond.wait_for(lambda: not self._unacked or self._closed, timeout) and not self._unacked
-            )
+            drained = self._cond.wait_for(lambda: not self._outbox.unacked_count() or self._closed, timeout)
+            return drained and not self._outbox.unacked_count()
 
     def counts(self) -> dict[str, int]:
         """Group counts: submitted, sent, resent, queued, retry, consumed, duplicate, stale, invalid,
-        reconnects, unacked."""
+        reconnects, unacked (actors/outbox.py says what each counts)."""
         with self._cond:
-            return {**self._counts, "unacked": len(self._unacked)}
+            return self._outbox.counts()
 
     @property
     def latest_version(self) -> int:
@@ -384,11 +360,8 @@ class LearnerClient:
                 ) from error
             raise
 
-    def _available_credits(self) -> int:
-        return self._server_credits - len(self._awaiting)
-
     def _backlog_fits(self) -> bool:
-        return self._closed or not self._to_send or len(self._to_send) <= self._available_credits()
+        return self._closed or self._outbox.backlog_fits()
 
     def _stream_loop(self) -> None:
         """Run StreamGroups calls until close(); after a break, re-register and re-send everything."""
@@ -397,10 +370,7 @@ class LearnerClient:
             with self._cond:
                 if self._closed:
                     return
-                self._stream_epoch += 1
-                epoch = self._stream_epoch
-                self._to_send = deque(self._unacked)
-                self._awaiting.clear()
+                epoch = self._outbox.open_stream()
                 self._cond.notify_all()
             call = self._stub.StreamGroups(
                 self._requests(epoch), metadata=self._metadata(self._current_credential()), wait_for_ready=True
@@ -424,10 +394,9 @@ class LearnerClient:
                     error.details(),
                 )
             with self._cond:
-                self._stream_epoch += 1  # ends this stream's request generator
                 if self._closed:
                     return
-                self._counts["reconnects"] += 1
+                self._outbox.end_stream()  # ends this stream's request generator; counts a reconnect
                 self._cond.wait(backoff)
             backoff = min(2 * backoff, PROBE_DELAY_S[1])
             self._reregister()
@@ -461,54 +430,29 @@ class LearnerClient:
             self._cond.notify_all()
 
     def _requests(self, epoch: int) -> Iterator[pb.ScoredGroup]:
-        """The request side of one StreamGroups call: sends while credits allow, else probes."""
+        """The request side of one StreamGroups call: the groups the outbox sends on stream `epoch`."""
         while True:
             with self._cond:
-                while True:
-                    if self._closed or epoch != self._stream_epoch:
-                        return
-                    now = time.monotonic()
-                    has_credit = self._available_credits() > 0
-                    may_probe = not self._awaiting and now >= self._probe_at
-                    if self._to_send and (has_credit or may_probe):
-                        break
-                    self._cond.wait(
-                        0.5 if not self._to_send or self._awaiting else max(0.005, self._probe_at - now)
-                    )
-                if not has_credit:
-                    self._probe_at = now + self._probe_delay
-                    self._probe_delay = min(2 * self._probe_delay, PROBE_DELAY_S[1])
-                group_id = self._to_send.popleft()
-                self._awaiting.add(group_id)
-                if group_id in self._sent_before:
-                    self._counts["resent"] += 1
-                self._sent_before.add(group_id)
-                self._counts["sent"] += 1
-                group = self._unacked[group_id]
+                send = self._next_send(epoch)
+                if send is None:
+                    return
                 self._cond.notify_all()
-            yield group
+            yield send.group
+
+    def _next_send(self, epoch: int) -> Send[pb.ScoredGroup] | None:
+        """Wait (holding _cond) for the outbox's next group on stream `epoch`; None once that stream is over."""
+        while not self._closed and self._outbox.is_current(epoch):
+            step = self._outbox.next_send(time.monotonic())
+            if isinstance(step, Send):
+                return step
+            self._cond.wait(step.seconds)
+        return None
 
     def _on_ack(self, ack: pb.GroupAck) -> None:
         with self._cond:
-            group_id = ack.group_id
-            self._awaiting.discard(group_id)
-            self._server_credits = ack.credits
             self._latest_version = ack.latest_version
-            if group_id in self._unacked:
-                if ack.status == pb.ACK_STATUS_QUEUED:
-                    self._counts["queued"] += 1
-                    self._probe_delay = PROBE_DELAY_S[0]
-                elif ack.status == pb.ACK_STATUS_RETRY:
-                    self._counts["retry"] += 1
-                    self._to_send.append(group_id)
-                elif ack.status in FINAL_STATUSES:
-                    name = FINAL_STATUSES[ack.status]
-                    self._counts[name] += 1
-                    del self._unacked[group_id]
-                    self._sent_before.discard(group_id)
-                    if group_id in self._to_send:
-                        self._to_send.remove(group_id)
-                    if ack.status in (pb.ACK_STATUS_INVALID, pb.ACK_STATUS_STALE):
-                        self.rejections.append((group_id, name, ack.detail))
-                        log.debug("group %s %s: %s", group_id, name, ack.detail)  # counted; the learner logs it too
+            final = self._outbox.record_ack(ack.group_id, ack.status, ack.credits)
+            if final in ("stale", "invalid"):
+                self.rejections.append((ack.group_id, final, ack.detail))
+                log.debug("group %s %s: %s", ack.group_id, final, ack.detail)  # counted; the learner logs it too
             self._cond.notify_all()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -296,8 +297,27 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message names the key and what is allowed."""
 
 
+class ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's booleans: only true/false. YAML 1.1 also reads on/off/yes/no
+    as booleans, which turned `dynamic_sampling: off` into False; here they stay words, and pydantic
+    still reads them as booleans where a field is one."""
+
+
+BOOL_TAG = "tag:yaml.org,2002:bool"
+ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+ConfigLoader.add_implicit_resolver(BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
+def parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=ConfigLoader)
+
+
 def apply_override(tree: dict[str, Any], assignment: str) -> None:
-    """Apply one `dotted.key=value` override; the value is parsed as YAML (numbers, lists, null)."""
+    """Apply one `dotted.key=value` override; the value is parsed as YAML (numbers, lists, null,
+    true/false)."""
     if "=" not in assignment:
         raise ConfigError(f"override {assignment!r} is not of the form key=value")
     key, raw = assignment.split("=", 1)
@@ -308,7 +328,7 @@ def apply_override(tree: dict[str, Any], assignment: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"override {key!r}: {part!r} is not a section")
         node = child
-    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+    node[parts[-1]] = parse_yaml(raw) if raw.strip() else None
 
 
 def format_validation_error(error: ValidationError) -> str:
@@ -326,7 +346,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TandemCon
     """Read YAML (or start from the defaults), apply overrides, validate."""
     tree: dict[str, Any] = {}
     if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text())
+        loaded = parse_yaml(Path(path).read_text())
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping")
         tree = loaded or {}

@@ -12,7 +12,7 @@ ordinary entrypoint's run (launch/pretrain.py, launch/sft.py, launch/rl.py with
 launch/configs/demo_*.yaml); the next stage starts from the previous one's exported HF dir. Each
 stage's run dir gets curves.png; the demo's run dir gets demo.png and demo_results.json.
 
-    python launch/demo.py                      # ~12 min on 2 CPU cores
+    python launch/demo.py                      # ~10 min on 2 CPU cores
     python launch/demo.py --seed 1             # another seed: data, initial weights, sampling
     python launch/demo.py --quick              # a few steps per stage: checks the plumbing only
     python launch/demo.py rl.train.steps=200   # per-stage overrides: <stage>.<key>=<value>
@@ -36,8 +36,7 @@ from launch.stages import (  # noqa: E402
     Run,
     evaluate_dir,
     prepare,
-    run_rl_mode,
-    run_supervised_mode,
+    run_mode,
     setup_process,
 )
 
@@ -84,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error in stage {stage}: {error}")
             return 2
         run = prepare(config, stage)
-        summary = run_rl_mode(run) if stage == "rl" else run_supervised_mode(run, stage)
+        summary = run_mode(run, stage)
         previous_hf = summary["hf_final"]
         results[stage] = {**summary["eval"], **other_tasks(run, Path(previous_hf)),
                           "minutes": (time.monotonic() - started) / 60}

@@ -222,6 +222,7 @@ def _timeline_panel(ax: Axes, stage_dirs: Mapping[str, Path], results: Mapping[s
     steps spread evenly over its minutes, and the axis label says so."""
     twin: Axes | None = None
     start, spread = 0.0, False
+    previous: Mapping[str, Any] | None = None  # the results of the stage before
     for index, (stage, run_dir) in enumerate(stage_dirs.items()):
         jsonl = Path(run_dir) / "tb" / "metrics.jsonl"
         metrics = read_metrics(jsonl) if jsonl.exists() else {}
@@ -238,6 +239,11 @@ def _timeline_panel(ax: Axes, stage_dirs: Mapping[str, Path], results: Mapping[s
 
         if "loss" in metrics:
             _curve(ax, metrics["loss"], at, f"{stage} loss", color=f"C{index}", marker=None)
+        if "eval/pass@1_greedy" in metrics and previous is not None and _finite(previous.get("pass@1_greedy")):
+            # the stage starts where the previous one ended: its step 0 is the previous stage's result
+            steps, values = metrics["eval/pass@1_greedy"]
+            metrics["eval/pass@1_greedy"] = ([0, *steps], [float(previous["pass@1_greedy"]), *values])
+            clock.setdefault(0, 0.0)
         for key, label, style in (("reward_mean", "reward (training samples)", {"color": "0.6", "alpha": 0.6}),
                                   ("eval/pass@1_greedy", "held-out greedy pass@1", {"color": "k", "marker": "o"})):
             if key in metrics:
@@ -249,6 +255,7 @@ def _timeline_panel(ax: Axes, stage_dirs: Mapping[str, Path], results: Mapping[s
                     xytext=(3, 0), textcoords="offset points", ha="left", va="top", fontsize=10,
                     fontweight="bold")  # staggered, so that a short stage's name does not hit the next one
         start += duration
+        previous = results.get(stage)
     ax.set_xlabel("minutes since the demo started" + (" (steps spread evenly over a stage)" if spread else ""))
     ax.set_ylabel("training loss")
     ax.set_title("training loss along the demo")

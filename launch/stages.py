@@ -379,13 +379,17 @@ def setup_process() -> None:
         os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 
+def run_mode(run: Run, mode: Mode) -> dict[str, Any]:
+    """Run a prepared run in its mode (rl, eval, or supervised: sft, pretrain); returns its summary."""
+    runner = {"rl": run_rl_mode, "eval": run_eval_mode}.get(mode)
+    return runner(run) if runner else run_supervised_mode(run, mode)
+
+
 def main_for(mode: Mode, argv: list[str] | None = None) -> int:
     """Entry point body of launch/<mode>.py; returns the process exit code."""
     setup_process()
-    runner = {"rl": run_rl_mode, "eval": run_eval_mode}.get(mode)
     try:  # some config errors show only once running (e.g. the fleet name is taken on the cluster)
-        run = prepare(parse_config(mode, argv), mode)
-        summary = runner(run) if runner else run_supervised_mode(run, mode)
+        summary = run_mode(prepare(parse_config(mode, argv), mode), mode)
     except ConfigError as error:
         print(f"error: {error}")
         return 2

@@ -19,6 +19,16 @@ def test_yaml_and_overrides_are_applied(tmp_path):
     assert [f.ref for f in config.rewards.functions] == ["math_answer"]
 
 
+def test_words_that_yaml_1_1_reads_as_booleans_stay_words(tmp_path):
+    config = load_config(None, ["algo.dynamic_sampling=off", "train.skip_no_signal=false"])
+    assert config.algo.dynamic_sampling == "off" and config.train.skip_no_signal is False
+    assert load_config(None, ["algo.dynamic_sampling=fill"]).algo.dynamic_sampling == "fill"
+    path = tmp_path / "c.yaml"
+    path.write_text("algo:\n  dynamic_sampling: off\ntrain:\n  skip_no_signal: no\n")
+    config = load_config(path)
+    assert config.algo.dynamic_sampling == "off" and config.train.skip_no_signal is False  # a bool field: pydantic
+
+
 def test_unknown_key_is_named():
     with pytest.raises(ConfigError, match=r"unknown key 'train.stepz'"):
         load_config(None, ["train.stepz=3"])

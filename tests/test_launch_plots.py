@@ -150,6 +150,10 @@ def test_demo_figure(tmp_path):
     assert loss["sft loss"][-1] == pytest.approx(2.5 + 0.4)  # no wall_s: spread over its 0.4 minutes
     assert loss["rl loss"][0] == pytest.approx(2.9 + 12 / 60)
     assert {line.get_label() for line in twin.lines} == {"rl held-out greedy pass@1", "rl reward (training samples)"}
+    held_out = next(line for line in twin.lines if line.get_label() == "rl held-out greedy pass@1")
+    # RL's curve starts where SFT ended, at RL's start: SFT's result, then the evals every 20 steps
+    assert list(held_out.get_ydata()) == pytest.approx([0.05, 0.1, 0.2, 0.3])
+    assert held_out.get_xdata()[0] == pytest.approx(2.9)
     assert len(bars.containers) == 5  # 'examples' and 'minutes' are not accuracies
     assert [c.get_label() for c in bars.containers] == ["greedy pass@1", "T=1 pass rate", "pass@8",
                                                         "plain-text a-b greedy", "chat a+b greedy"]
