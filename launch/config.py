@@ -20,19 +20,15 @@ import dataclasses
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from actors.config import FLEET_NAME, ActorConfig, RestartPolicy
 from learner.guard import GuardConfig
-from learner.schema import LossConfig, MeshConfig, OptimizerConfig
+from learner.schema import LossConfig, MeshConfig, OptimizerConfig, RLLoopConfig, ServiceConfig
 from rewards.spec import RewardSpec, WeightedReward
-
-if TYPE_CHECKING:  # the roles' heavy modules are imported only when their config is built
-    from learner.rl_loop import RLLoopConfig
-    from learner.service import ServiceConfig
 
 
 class Section(BaseModel):
@@ -197,8 +193,6 @@ class TandemConfig(Section):
 
     def service_config(self, *, vocab_size: int | None) -> ServiceConfig:
         """The learner's gRPC server; ``vocab_size`` is the model's (token ids are checked against it)."""
-        from learner.service import ServiceConfig
-
         rollout, server = self.rollout, self.server
         return ServiceConfig(
             queue_capacity=rollout.queue_capacity, max_staleness=rollout.max_staleness,
@@ -209,8 +203,6 @@ class TandemConfig(Section):
 
     def loop_config(self) -> RLLoopConfig:
         """The learner's RL loop (the tokenizer's pad id is RLLoop's own argument)."""
-        from learner.rl_loop import RLLoopConfig
-
         train, rollout = self.train, self.rollout
         return RLLoopConfig(
             steps=train.steps, prompts_per_step=train.prompts_per_step, group_size=rollout.group_size,

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
+
+# Called after each training step with (step, metrics), before the metrics are written: a hook may add
+# to them (a held-out evaluation) and they are written with the step's own (both training loops).
+StepCallback = Callable[[int, dict[str, float]], None]
 
 
 def to_host(metrics: Mapping[str, Any]) -> dict[str, float]:

@@ -28,48 +28,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from learner.advantages import has_signal
 from learner.checkpoint import Checkpointer
-from learner.guard import GuardConfig, JumpDetector
-from learner.metrics import MetricsWriter
+from learner.guard import JumpDetector
+from learner.metrics import MetricsWriter, StepCallback
 from learner.rl_batch import assemble_rl_batch, pow2_buckets
+from learner.schema import RLLoopConfig
 from learner.service import GroupRecord, LearnerService
 from learner.train_step import SKIPPED, Trainer
 
 log = logging.getLogger(__name__)
 
-StepCallback = Callable[[int, dict[str, float]], None]
-
 # Version jump on restore; larger than any number of versions a run publishes between checkpoints.
 RESTART_VERSION_STRIDE = 1_000_000
-
-
-@dataclass(frozen=True)
-class RLLoopConfig:
-    """The fields without a default come from the run config (launch.config.TandemConfig.loop_config)."""
-
-    steps: int
-    """optimizer steps of the run"""
-    prompts_per_step: int
-    """groups per step (P)"""
-    group_size: int
-    """completions per group (G)"""
-    max_sequence_len: int
-    """prompt + completion tokens, the largest length bucket"""
-    publish_every: int
-    """publish new weights every this many steps"""
-    max_fill_batches: int
-    """dynamic_sampling='fill' takes at most this many × P groups a step"""
-    guard: GuardConfig
-    """the entropy / update-norm jump guard"""
-    batch_timeout_s: float = 900.0
-    """give up when no group arrives for this long"""
-    min_bucket_len: int = 16
-    """the smallest length bucket"""
 
 
 class NoRolloutsError(RuntimeError):
@@ -133,10 +106,10 @@ class RLLoop:
             if not stop:  # a run the guard stops keeps its last checkpoint, not the jumped params
                 self._publish_and_checkpoint(metrics)
             metrics.update(self._live_counts())
-            if self.writer is not None:
-                self.writer.write(self.step, metrics)
             if on_step is not None:
                 on_step(self.step, metrics)
+            if self.writer is not None:
+                self.writer.write(self.step, metrics)
             if stop:
                 break
         self.checkpointer.wait()

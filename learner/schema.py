@@ -1,7 +1,7 @@
-"""The learner's config types (loss, optimizer, mesh), light to import: pydantic only, no JAX.
+"""The learner's config types (loss, optimizer, mesh, RL loop, gRPC service), light to import: no JAX.
 
-launch.config builds the run's typed config from them without loading JAX; learner.losses,
-learner.optim and learner.mesh import them from here. Each field is documented where it is
+launch.config builds the run's typed config, and derives the RL loop's and the service's, without
+loading JAX; the learner's modules import them from here. Each field is documented where it is
 declared (an attribute docstring or a pydantic description); launch's `--help` prints them.
 """
 
@@ -11,6 +11,9 @@ import dataclasses
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from learner.guard import GuardConfig
+from tandem_wire import WEIGHT_CHUNK_BYTES
 
 Algorithm = Literal["grpo", "gspo", "gspo-token"]
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant"]
@@ -102,3 +105,77 @@ class MeshConfig(BaseModel):
 
     fsdp: int | None = Field(None, ge=1, description="data/parameter-sharding axis; None: device_count // tp")
     tp: int = Field(1, ge=1, description="tensor-parallel axis")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLLoopConfig:
+    """The fields without a default come from the run config (launch.config.TandemConfig.loop_config)."""
+
+    steps: int
+    """optimizer steps of the run"""
+    prompts_per_step: int
+    """groups per step (P)"""
+    group_size: int
+    """completions per group (G)"""
+    max_sequence_len: int
+    """prompt + completion tokens, the largest length bucket"""
+    publish_every: int
+    """publish new weights every this many steps"""
+    max_fill_batches: int
+    """dynamic_sampling='fill' takes at most this many × P groups a step"""
+    guard: GuardConfig
+    """the entropy / update-norm jump guard"""
+    batch_timeout_s: float = 900.0
+    """give up when no group arrives for this long"""
+    min_bucket_len: int = 16
+    """the smallest length bucket"""
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceConfig:
+    """How the learner's server validates, queues and serves (0 / None disables a limit).
+
+    The fields without a default come from the run config: launch.config.TandemConfig.service_config
+    derives them (its `rollout.*` and `server.*` keys document them); the rest are server limits."""
+
+    queue_capacity: int
+    """scored groups held for the trainer; a full queue answers RETRY"""
+    max_staleness: int
+    """a group sampled more than this many versions behind the newest is STALE"""
+    group_size: int
+    """completions per group; 0 = any number >= 1"""
+    lease_seconds: float
+    """a leased prompt not answered within this is offered again"""
+    max_prompt_tokens: int
+    """longer prompts are refused; 0 = no limit"""
+    auth_token: str | None
+    """when set, every RPC needs `authorization: Bearer <token>`"""
+    vocab_size: int | None
+    """when set, token ids must be in [0, vocab_size)"""
+    heartbeat_interval_s: float
+    """how often actors are told to report liveness"""
+    actor_timeout_s: float
+    """an actor silent this long is reported stale"""
+    tls_cert_path: str | None
+    """PEM certificate; the server speaks TLS only when both cert and key are set"""
+    tls_key_path: str | None
+    """PEM key of tls_cert_path"""
+    max_group_bytes: int = 16 * 1024 * 1024
+    """largest ScoredGroup message accepted"""
+    weight_chunk_bytes: int = WEIGHT_CHUNK_BYTES
+    """size of one FetchWeights chunk"""
+    max_actors: int = 4096
+    """registered actors kept; silent ones are evicted first"""
+    max_streams: int = 256
+    """concurrent group streams, all actors together (one per actor is normal)"""
+    max_streams_per_actor: int = 2
+    """room for a reconnect while the old stream is torn down"""
+    max_weight_streams: int = 32
+    """concurrent FetchWeights calls"""
+    unary_workers: int = 32
+    """workers left for Register, Heartbeat, LeasePrompts, ReportWeights, Status"""
+    stream_idle_timeout_s: float = 600.0
+    """a group stream that receives and sends nothing (or a weight stream not read) this long is
+    cancelled; honest actors send at least once per generate call (rollout.generate_timeout_s)"""
+    mode: str = "rl"
+    """what Status reports the learner is running"""

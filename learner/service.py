@@ -38,7 +38,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +61,12 @@ from learner.group_queue import GroupQueue, is_stale
 from learner.group_stream import GroupStream
 from learner.group_validation import CompletionRecord, GroupLimits, GroupRecord
 from learner.prompt_source import PromptSource, PromptState
+from learner.schema import ServiceConfig
 from learner.tolerant_handlers import Undecodable, add_tolerant_learner_servicer
 from learner.weight_publisher import WeightPublisher, pack_weights
 from learner.weight_versions import UnknownWeightVersion, WeightVersions
 from learner.wire_bounds import InvalidInput, check_int
-from tandem_wire import WEIGHT_CHUNK_BYTES, grpc_options, pb, rpc
+from tandem_wire import grpc_options, pb, rpc
 from tandem_wire.limits import CREDENTIAL_METADATA_KEY, MAX_ACK_DETAIL_CHARS, MAX_ID_CHARS
 
 __all__ = [
@@ -83,56 +83,6 @@ log = logging.getLogger(__name__)
 STATE_FORMAT = 1
 MAX_PROMPTS_PER_LEASE = 1024
 WARNING_INTERVAL_S = 10.0  # at most one warning about re-registrations per interval
-
-
-@dataclass(frozen=True)
-class ServiceConfig:
-    """How the learner's server validates, queues and serves (0 / None disables a limit).
-
-    The fields without a default come from the run config: launch.config.TandemConfig.service_config
-    derives them (its `rollout.*` and `server.*` keys document them); the rest are server limits."""
-
-    queue_capacity: int
-    """scored groups held for the trainer; a full queue answers RETRY"""
-    max_staleness: int
-    """a group sampled more than this many versions behind the newest is STALE"""
-    group_size: int
-    """completions per group; 0 = any number >= 1"""
-    lease_seconds: float
-    """a leased prompt not answered within this is offered again"""
-    max_prompt_tokens: int
-    """longer prompts are refused; 0 = no limit"""
-    auth_token: str | None
-    """when set, every RPC needs `authorization: Bearer <token>`"""
-    vocab_size: int | None
-    """when set, token ids must be in [0, vocab_size)"""
-    heartbeat_interval_s: float
-    """how often actors are told to report liveness"""
-    actor_timeout_s: float
-    """an actor silent this long is reported stale"""
-    tls_cert_path: str | None
-    """PEM certificate; the server speaks TLS only when both cert and key are set"""
-    tls_key_path: str | None
-    """PEM key of tls_cert_path"""
-    max_group_bytes: int = 16 * 1024 * 1024
-    """largest ScoredGroup message accepted"""
-    weight_chunk_bytes: int = WEIGHT_CHUNK_BYTES
-    """size of one FetchWeights chunk"""
-    max_actors: int = 4096
-    """registered actors kept; silent ones are evicted first"""
-    max_streams: int = 256
-    """concurrent group streams, all actors together (one per actor is normal)"""
-    max_streams_per_actor: int = 2
-    """room for a reconnect while the old stream is torn down"""
-    max_weight_streams: int = 32
-    """concurrent FetchWeights calls"""
-    unary_workers: int = 32
-    """workers left for Register, Heartbeat, LeasePrompts, ReportWeights, Status"""
-    stream_idle_timeout_s: float = 600.0
-    """a group stream that receives and sends nothing (or a weight stream not read) this long is
-    cancelled; honest actors send at least once per generate call (rollout.generate_timeout_s)"""
-    mode: str = "rl"
-    """what Status reports the learner is running"""
 
 
 class WeightsNotHeld(LookupError):

@@ -7,14 +7,11 @@ position, so a resumed run sees exactly the batches the uninterrupted one would 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from learner.checkpoint import Checkpointer
 from learner.data import PackedBatches
-from learner.metrics import MetricsWriter
+from learner.metrics import MetricsWriter, StepCallback
 from learner.train_step import Trainer
-
-StepCallback = Callable[[int, dict[str, float]], None]
 
 
 def run_supervised(trainer: Trainer, batches: PackedBatches, checkpointer: Checkpointer,
@@ -31,9 +28,9 @@ def run_supervised(trainer: Trainer, batches: PackedBatches, checkpointer: Check
         metrics = trainer.sft_step(next(batches))
         metrics["wall_s"] = time.monotonic() - started  # since this process started training
         checkpointer.save(step, trainer.state, data_position=batches.position, force=step == steps)
-        if writer is not None:
-            writer.write(step, metrics)
         if on_step is not None:
             on_step(step, metrics)
+        if writer is not None:
+            writer.write(step, metrics)
     checkpointer.wait()
     return start

@@ -59,8 +59,7 @@ def test_the_eval_settings_carry_the_run_config():
 
 def test_role_configs_have_no_defaults_of_their_own_for_what_the_run_config_supplies():
     from actors.config import ActorConfig
-    from learner.rl_loop import RLLoopConfig
-    from learner.service import ServiceConfig
+    from learner.schema import RLLoopConfig, ServiceConfig
 
     config = load_config(None)
     service_fields = {f.name for f in dataclasses.fields(ServiceConfig) if f.default is dataclasses.MISSING}

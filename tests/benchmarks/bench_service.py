@@ -56,7 +56,7 @@ import json, sys
 config = json.loads(sys.argv[1])
 sys.path.insert(0, config.pop("root"))
 from learner.prompt_source import PromptSource
-from learner.service import LearnerService, ServiceConfig
+from learner.service import LearnerService, ServiceConfig  # both trees have the name here
 prompt_tokens = config.pop("prompt_tokens")
 rows = [{"prompt_ids": [5 + (i + j) % 50 for j in range(prompt_tokens)], "text": str(i),
          "metadata": {"answer": str(i)}} for i in range(config["queue_capacity"])]
