@@ -7,6 +7,17 @@ from pydantic import BaseModel, ConfigDict, Field
 FLEET_NAME = "tandem-fleet"  # the Ray name of a run's detached fleet (rollout.fleet_name)
 FLEET_NAMESPACE = "tandem"
 
+# Environment of every process that runs a vLLM engine (rollout actors, the evaluator, Ray workers a
+# job starts): the engine lives in the process itself (fast start, weight arrays passed without
+# copies), tokenizers use no thread pool, and vLLM's CPU worker, which repeats the same warnings on
+# every engine start and weight update, shows errors only (VLLM_LOGGING_LEVEL=WARNING brings them
+# back). Ray merges it with the job's env_vars (e.g. VLLM_CPU_KVCACHE_SPACE).
+ENGINE_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_LOGGING_LEVEL": "ERROR",
+}
+
 
 class ActorConfig(BaseModel):
     """Engine, sampling and pacing settings shared by every actor of a fleet.

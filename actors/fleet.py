@@ -25,16 +25,13 @@ from dataclasses import asdict, dataclass
 import ray
 from ray.exceptions import AuthenticationError, GetTimeoutError, RayActorError, RayTaskError
 
-from actors.config import FLEET_NAME, FLEET_NAMESPACE, ActorConfig, RestartPolicy
+from actors.config import ENGINE_ENV, FLEET_NAME, FLEET_NAMESPACE, ActorConfig, RestartPolicy
 from actors.rollout_actor import RolloutActor
 
 log = logging.getLogger(__name__)
 
 # run() occupies one thread of the actor; stats(), stop() and greedy() need others.
 ACTOR_CONCURRENCY = 4
-# The engine must live in the actor's own process (fast start, weight arrays passed without copies);
-# Ray merges these with the job's env_vars (e.g. VLLM_CPU_KVCACHE_SPACE).
-ACTOR_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
 
 
 @dataclass
@@ -228,7 +225,7 @@ class ActorFleet:
         self._next_index += 1
         handle = self._remote_cls.options(
             resources={"rollout": 1}, num_cpus=self.config.num_cpus, max_concurrency=ACTOR_CONCURRENCY,
-            max_restarts=0, runtime_env={"env_vars": ACTOR_ENV}, **self._lifetime,
+            max_restarts=0, runtime_env={"env_vars": ENGINE_ENV}, **self._lifetime,
         ).remote(actor_id, self.config, self.learner_address, self.reward_handles)
         self._members[actor_id] = _Member(handle, handle.run.remote(), time.monotonic(), quick_failures)
         return actor_id

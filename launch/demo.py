@@ -30,15 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from transformers import AutoTokenizer  # noqa: E402
 
 from launch.config import ConfigError, config_help, load_config  # noqa: E402
+from launch.evaluation import evaluate_dir  # noqa: E402
 from launch.plots import plot_demo  # noqa: E402
-from launch.stages import (  # noqa: E402
-    MODES,
-    Run,
-    evaluate_dir,
-    prepare,
-    run_mode,
-    setup_process,
-)
+from launch.run import MODES, Run, prepare, setup_process  # noqa: E402
+from launch.stages import run_mode  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 QUICK = {  # enough to exercise every stage, not to learn

@@ -1,6 +1,7 @@
-"""Held-out evaluation of a model: greedy accuracy (pass@1), mean sampled reward and pass@k.
+"""Held-out evaluation of a model: greedy accuracy (pass@1), mean sampled reward and pass@k; and the
+eval mode (launch/eval.py), which scores a run's model on its held-out split.
 
-A completion "passes" when its reward is > 0.5 (the built-in answer rewards give 1 or 0).
+A completion "passes" when its reward exceeds rewards.types.PASS_THRESHOLD.
 The model runs in a vLLM `RolloutEngine` in this process; weights can be swapped in between
 evaluations (`evaluate(tensors=...)`) so an RL run evaluates its newest weights without
 writing a directory. Rewards are scored by a `Scorer` (the run's reward functions in an isolated
@@ -12,12 +13,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
+from transformers import AutoTokenizer
 
 from actors.engine import RolloutEngine, SamplingSpec
-from rewards.types import ScoreResult
+from launch.config import ConfigError
+from launch.prompts import chat_prompt_rows
+from launch.run import Run
+from rewards.isolation import IsolatedScorer
+from rewards.types import PASS_THRESHOLD, ScoreResult
 
 
 class Scorer(Protocol):
@@ -28,8 +34,6 @@ class Scorer(Protocol):
 
     def close(self) -> None: ...
 
-
-PASS_THRESHOLD = 0.5
 
 
 @dataclass(frozen=True)
@@ -88,3 +92,43 @@ class Evaluator:
     def close(self) -> None:
         self.engine.shutdown()
         self.scorer.close()
+
+
+def make_evaluator(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None, prompt_format: str = "chat",
+                   k: int | None = None) -> Evaluator | None:
+    """An Evaluator over `data` (default: the run's held-out split), scoring with the run's rewards in
+    an isolated process, pass@k with k = train.eval_k unless given; None when there is nothing to
+    evaluate on."""
+    config = run.config
+    data = data or run.eval_data
+    if data is None:
+        return None
+    rows = chat_prompt_rows(data, tokenizer, limit=config.data.eval_examples, prompt_format=prompt_format)
+    examples = [EvalExample(r["prompt_ids"], r["text"], r["metadata"]) for r in rows]
+    settings = config.eval_settings()
+    if k is not None:
+        settings["k"] = k
+    return Evaluator(hf_dir, examples, IsolatedScorer(config.rewards.spec()), **settings)
+
+
+def evaluate_dir(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None, prompt_format: str = "chat",
+                 k: int | None = None) -> dict[str, float] | None:
+    """One held-out evaluation of an HF dir (None when there is no eval data); see make_evaluator."""
+    evaluator = make_evaluator(run, tokenizer, hf_dir, data=data, prompt_format=prompt_format, k=k)
+    if evaluator is None:
+        return None
+    try:
+        return evaluator.evaluate()
+    finally:
+        evaluator.close()
+
+
+def run_eval_mode(run: Run) -> dict[str, Any]:
+    """Score model.path (default: run_dir/hf_final) on the held-out split: pass@1 greedy, pass@k."""
+    hf_dir = Path(run.config.model.path) if run.config.model.path else run.run_dir / "hf_final"
+    if not (hf_dir / "config.json").exists():
+        raise ConfigError(f"no HF model dir to evaluate at {hf_dir}; set model.path")
+    scores = evaluate_dir(run, AutoTokenizer.from_pretrained(hf_dir), hf_dir)
+    summary = {"mode": "eval", "model": str(hf_dir), "eval_data": run.eval_data, "eval": scores}
+    run.write_summary(summary, "eval.json")
+    return summary

@@ -16,18 +16,11 @@ from pathlib import Path
 
 import ray
 
+from actors.config import ENGINE_ENV
 from launch.config import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-# Environment every tandem worker needs (vLLM on CPU reserves ~90 % of RAM for KV cache unless told).
-WORKER_ENV = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "TOKENIZERS_PARALLELISM": "false",
-    # vLLM's CPU worker repeats the same warnings on every engine start and weight update (thread
-    # binding, missing tcmalloc, kernel dispatch); VLLM_LOGGING_LEVEL=WARNING brings them back.
-    "VLLM_LOGGING_LEVEL": "ERROR",
-}
 
 
 def connect(address: str | None = None, *, rollout_slots: int = 4, reward_slots: int = 4,
@@ -35,7 +28,7 @@ def connect(address: str | None = None, *, rollout_slots: int = 4, reward_slots:
     """Initialise Ray; returns True when this call started a local cluster (the caller shuts it down)."""
     if ray.is_initialized():
         return False
-    env = dict(WORKER_ENV)
+    env = dict(ENGINE_ENV)
     for name in ("VLLM_CPU_KVCACHE_SPACE", "JAX_PLATFORMS", "TANDEM_AUTH_TOKEN"):
         if name in os.environ:
             env[name] = os.environ[name]

@@ -15,8 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
@@ -24,10 +24,8 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from actors.config import ActorConfig
 from actors.fleet import close_named_fleet, find_named_fleet, start_named_fleet
 from launch.config import ConfigError
+from launch.run import Run
 from rewards.pool import RewardPool
-
-if TYPE_CHECKING:
-    from launch.stages import Run
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +39,13 @@ class RolloutSide:
     pool: RewardPool
     fleet: ray.actor.ActorHandle
     attached: bool  # re-attached to the fleet an earlier driver of this run started
+    reward_stats: dict[str, int] = field(default_factory=dict)  # the reward pool's, once closed
 
-    def close(self) -> dict[str, int]:
-        """Stop the actors, retire the reward workers and end the fleet; returns the reward stats."""
+    def close(self) -> None:
+        """Stop the actors, retire the reward workers (keeping their stats) and end the fleet."""
         try:
             ray.get(self.fleet.shutdown.remote())
-            return self.pool.stats()
+            self.reward_stats = self.pool.stats()
         finally:
             self.pool.shutdown()
             ray.kill(self.fleet, no_restart=True)

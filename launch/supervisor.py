@@ -63,7 +63,7 @@ class SupervisorReport:
 
 
 class FleetSupervisor:
-    """A daemon thread that checks the fleet every ``interval_s`` (``start()`` / ``stop()``)."""
+    """A daemon thread that checks the fleet every ``interval_s`` (``start()`` / ``stop()``, or ``with``)."""
 
     def __init__(self, service: LearnerService, fleet: ray.actor.ActorHandle, *,
                  generate_timeout_s: float = DEFAULT_GENERATE_TIMEOUT_S, interval_s: float = 1.0,
@@ -87,6 +87,12 @@ class FleetSupervisor:
         if self._thread.is_alive():
             self._thread.join(timeout=self.call_timeout_s * 3)
         return self.report.as_dict()
+
+    def __enter__(self) -> FleetSupervisor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def check(self) -> list[Replacement]:
         """One round: replace the dead, the silent and the hung; returns what was replaced."""

@@ -15,6 +15,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from learner.advantages import group_advantages
+from rewards.types import PASS_THRESHOLD
 
 
 class CompletionLike(Protocol):
@@ -124,8 +125,8 @@ def assemble_rl_batch(
     stats = {
         "reward_mean": float(scorable.mean()) if scorable.size else float("nan"),
         "reward_std": float(scorable.std()) if scorable.size else float("nan"),
-        # share of scorable completions rewarded > 0.5: the success rate for 0/1 rewards
-        "pass_rate": float((scorable > 0.5).mean()) if scorable.size else float("nan"),
+        # share of scorable completions that pass: the success rate for 0/1 rewards
+        "pass_rate": float((scorable > PASS_THRESHOLD).mean()) if scorable.size else float("nan"),
         "zero_signal_group_frac": adv.num_zero_signal_groups / len(groups),
         "unscorable_completions": float(adv.num_unscorable),
         "staleness_mean": float(staleness.mean()),

@@ -2,6 +2,10 @@
 
 from dataclasses import dataclass
 
+# A completion "passes" when its reward exceeds this (the built-in answer rewards give 1 or 0): the
+# learner's pass_rate and the evaluator's pass@k both count with it.
+PASS_THRESHOLD = 0.5
+
 
 @dataclass(frozen=True)
 class ScoreResult:

@@ -55,7 +55,7 @@ def tiny_run(run_dir: Path, *, steps: int, checkpoint_every: int = 1, port: int 
     """A prepared launch Run: tiny model, few steps, P=4 prompts × G=4 completions × 4 tokens;
     `overrides` are further config key=value pairs."""
     from launch.config import load_config
-    from launch.stages import prepare
+    from launch.run import prepare
 
     data = run_dir / "rl.jsonl"
     if not data.exists():
@@ -75,7 +75,7 @@ def build_learner(run):
     """The run's RLLoop (trainer, service, checkpointer) with the short liveness settings."""
     from transformers import AutoTokenizer
 
-    from launch.stages import build_rl_learner
+    from launch.rl_mode import build_rl_learner
 
     config = run.config.model_copy(update={"rollout": run.config.rollout.model_copy(update=SHORT_LIVENESS)})
     return build_rl_learner(dataclasses.replace(run, config=config), AutoTokenizer.from_pretrained(run.model_dir))

@@ -31,7 +31,8 @@ import pytest
 
 from launch.arithmetic import make_arithmetic_data
 from launch.config import load_config
-from launch.stages import prepare, run_mode
+from launch.run import prepare
+from launch.stages import run_mode
 from learner.accounting import balance_violations
 
 CONFIGS = Path(__file__).resolve().parents[1] / "launch" / "configs"

@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> dict:
     if split:
         pin_threads(split[0])
     from launch.config import load_config
-    from launch.stages import chat_prompt_rows, prepare, setup_process
+    from launch.prompts import chat_prompt_rows
+    from launch.run import prepare, setup_process
 
     setup_process()
     # The model is created from scratch, so every group is all-wrong and the demo's dynamic sampling
@@ -114,11 +115,7 @@ def run_loop(prepared, args: argparse.Namespace, split) -> dict:
 
     from actors.fleet import ActorFleet
     from launch import ray_cluster
-    from launch.stages import build_trainer, chat_prompt_rows
-    from learner.checkpoint import Checkpointer
-    from learner.prompt_source import PromptSource
-    from learner.rl_loop import RLLoop
-    from learner.service import LearnerService
+    from launch.rl_mode import build_rl_learner
     from rewards.pool import RewardPool
 
     config, rollout = prepared.config, prepared.config.rollout
@@ -129,11 +126,8 @@ def run_loop(prepared, args: argparse.Namespace, split) -> dict:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(prepared.model_dir)
-    trainer = build_trainer(prepared, temperature=rollout.temperature)
-    prompts = PromptSource(chat_prompt_rows(prepared.train_data, tokenizer), epochs=None, seed=config.seed)
-    service = LearnerService(prompts, config.service_config(vocab_size=int(trainer.loaded.hf_config["vocab_size"])))
-    checkpointer = Checkpointer(prepared.run_dir / "checkpoints", max_to_keep=1, save_every=args.steps + 1)
-    loop = RLLoop(trainer, service, checkpointer, None, config.loop_config(), pad_id=tokenizer.pad_token_id)
+    loop = build_rl_learner(prepared, tokenizer)  # checkpoints only at the end (train.checkpoint_every)
+    trainer, service, checkpointer = loop.trainer, loop.service, loop.checkpointer
     address = loop.start("127.0.0.1:0")
     fleet = ActorFleet(config.actor_config(prepared.model_dir), address, pool.handles())
     fleet.scale(rollout.num_actors)

@@ -1,0 +1,127 @@
+"""RL wiring: the learner (trainer, prompt source, gRPC service, RL loop) in this process, rollout
+actors and reward workers on Ray, a fleet supervisor, the metrics writer and the held-out evaluator.
+
+One ExitStack owns everything the run starts, so all of it is stopped on every path (a finished run,
+an exception, Ctrl-C), in reverse order of starting: evaluator, supervisor, rollout side, service,
+checkpointer, metrics writer, and the local Ray cluster if this run started it.
+
+The actors and reward workers are detached (launch/rollout_side.py): if this driver dies without
+running its exits (SIGKILL), a restarted one resumes from the last checkpoint and re-attaches to them.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from contextlib import ExitStack
+from typing import Any
+
+import ray
+from tqdm import tqdm
+from transformers import AutoTokenizer
+
+from launch import ray_cluster
+from launch.console import Progress
+from launch.evaluation import Evaluator, evaluate_dir, make_evaluator
+from launch.plots import plot_run
+from launch.prompts import chat_prompt_rows
+from launch.rollout_side import open_rollout_side
+from launch.run import Run
+from launch.supervisor import FleetSupervisor
+from launch.trainer import build_trainer
+from learner.accounting import balance_violations
+from learner.checkpoint import Checkpointer
+from learner.metrics import MetricsWriter, StepCallback
+from learner.prompt_source import PromptSource
+from learner.rl_loop import RLLoop
+from learner.service import LearnerService
+
+log = logging.getLogger("tandem")
+
+
+def build_rl_learner(run: Run, tokenizer, writer: MetricsWriter | None = None) -> RLLoop:
+    """The learner side of an RL run, not yet started: trainer, prompt source, gRPC service and RL loop."""
+    config = run.config
+    trainer = build_trainer(run, temperature=config.rollout.temperature)
+    prompts = PromptSource(chat_prompt_rows(run.train_data, tokenizer, split=config.data.split),
+                           epochs=None, seed=config.seed)
+    service = LearnerService(prompts, config.service_config(vocab_size=int(trainer.loaded.hf_config["vocab_size"])))
+    checkpointer = Checkpointer(run.run_dir / "checkpoints", max_to_keep=config.train.keep_checkpoints,
+                                save_every=config.train.checkpoint_every)
+    return RLLoop(trainer, service, checkpointer, writer, config.loop_config(), pad_id=tokenizer.pad_token_id)
+
+
+def advertised_host(bind_host: str) -> str:
+    """The address actors dial: the bind host, or this node's IP when binding every interface."""
+    if bind_host not in ("0.0.0.0", "::", ""):
+        return bind_host
+    return ray.util.get_node_ip_address() if ray.is_initialized() else socket.gethostbyname(socket.gethostname())
+
+
+def held_out_evals(run: Run, loop: RLLoop, evaluator: Evaluator | None,
+                   evals: dict[int, dict[str, float]]) -> StepCallback:
+    """Every train.eval_every steps: evaluate the newest weights into the step's metrics and `evals`,
+    and export hf_best when greedy pass@1 is the best seen."""
+    every = run.config.train.eval_every
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        if evaluator is None or not every or step % every:
+            return
+        evals[step] = evaluator.evaluate(tensors=loop.trainer.hf_tensors())
+        metrics.update({f"eval/{k}": v for k, v in evals[step].items()})
+        tqdm.write(f"[rl] eval at step {step}: {evals[step]}")
+        if evals[step]["pass@1_greedy"] >= max(e["pass@1_greedy"] for e in evals.values()):
+            loop.trainer.export_hf(run.run_dir / "hf_best", tokenizer_dir=run.model_dir)
+
+    return on_step
+
+
+def run_rl_mode(run: Run) -> dict[str, Any]:
+    """Train `train.steps` RL steps with the actors on Ray, export hf_final and evaluate it; returns the
+    summary (accounting, evals, actor, reward and supervisor stats, guard events)."""
+    config = run.config
+    tokenizer = AutoTokenizer.from_pretrained(run.model_dir)
+    evals: dict[int, dict[str, float]] = {}
+    with ExitStack() as stack:
+        if ray_cluster.connect(config.ray_address):
+            stack.callback(ray.shutdown)
+        writer = stack.enter_context(MetricsWriter(run.run_dir / "tb"))
+        loop = build_rl_learner(run, tokenizer, writer)
+        stack.callback(loop.checkpointer.close)
+        bound = loop.start(f"{config.server.host}:{config.server.port}")
+        stack.callback(loop.service.stop)
+        address = f"{advertised_host(config.server.host)}:{bound.rsplit(':', 1)[1]}"
+        log.info("learner serving on %s (version %d, step %d)", address, loop.version, loop.step)
+        rollout_side = open_rollout_side(run, address)
+        stack.callback(rollout_side.close)
+        supervisor = stack.enter_context(FleetSupervisor(
+            loop.service, rollout_side.fleet, generate_timeout_s=config.rollout.generate_timeout_s,
+            on_fatal=loop.abort))
+        evaluator = make_evaluator(run, tokenizer, run.model_dir) if config.train.eval_every else None
+        if evaluator is not None:
+            stack.callback(evaluator.close)
+        evaluate = held_out_evals(run, loop, evaluator, evals)
+        progress = stack.enter_context(Progress("rl", config.train.steps, initial=loop.step))
+
+        def on_step(step: int, metrics: dict[str, float]) -> None:
+            evaluate(step, metrics)
+            progress(step, metrics)
+
+        accounting = loop.run(on_step=on_step)
+        actor_stats = ray.get(rollout_side.fleet.stats.remote())
+    hf_dir = loop.trainer.export_hf(run.run_dir / "hf_final", tokenizer_dir=run.model_dir)
+    summary: dict[str, Any] = {
+        "mode": "rl", "steps": loop.step, "weight_version": loop.version, "hf_final": str(hf_dir),
+        "accounting": accounting, "accounting_violations": balance_violations(accounting), "evals": evals,
+        "reward_stats": rollout_side.reward_stats, "actors": actor_stats, "supervisor": supervisor.report.as_dict(),
+        "fleet": {"name": config.rollout.fleet_name, "reattached": rollout_side.attached},
+        "learner": loop.counts, "guard": {"events": loop.guard_events, "stopped": loop.stopped_by_guard},
+    }
+    for violation in summary["accounting_violations"]:
+        log.error("accounting does not balance: %s", violation)
+    if (scores := evaluate_dir(run, tokenizer, hf_dir)) is not None:
+        summary["eval"] = scores
+    run.write_summary(summary)
+    plot_run(run.run_dir, title=f"rl: {run.run_dir.name}")
+    return summary
+

@@ -1,0 +1,56 @@
+"""launch/run.py and launch/tasks.py: a run's preparation takes its data from the data-task hook, and
+launch/rl_mode.py stops everything it started when a later part fails."""
+
+import socket
+import typing
+from pathlib import Path
+
+import pytest
+from reliability_helpers import tiny_run
+
+from launch import rl_mode
+from launch.config import DataConfig, load_config
+from launch.run import prepare
+from launch.tasks import DATA_TASKS
+
+
+def test_every_data_task_the_config_accepts_has_a_generator():
+    declared = set(typing.get_args(DataConfig.model_fields["task"].annotation)) - {"none"}
+    assert declared == set(DATA_TASKS)
+
+
+@pytest.mark.parametrize("mode", ["pretrain", "sft", "rl", "eval"])
+def test_prepare_takes_the_modes_split_and_the_heldout_split_from_the_task(tmp_path, monkeypatch, mode):
+    calls = []
+
+    def fake_task(data_dir: Path, data: DataConfig, seed: int) -> dict[str, Path]:
+        calls.append((data_dir, data.digits, seed))
+        return {split: data_dir / f"{split}.jsonl" for split in ("pretrain", "sft", "rl", "heldout")}
+
+    monkeypatch.setitem(DATA_TASKS, "arithmetic", fake_task)
+    config = load_config(None, [f"run_dir={tmp_path}/run", "data.task=arithmetic", "data.digits=2", "seed=7",
+                                "model.tiny.num_layers=1"])
+    run = prepare(config, mode)
+    data_dir = tmp_path / "run" / "data"
+    assert calls == [(data_dir, 2, 7)]
+    assert run.train_data == (None if mode == "eval" else str(data_dir / f"{mode}.jsonl"))
+    assert run.eval_data == str(data_dir / "heldout.jsonl")
+
+
+def test_a_failing_rollout_side_stops_the_service_and_the_ray_this_run_started(tmp_path, monkeypatch):
+    run = tiny_run(tmp_path, steps=1)
+    shutdowns, addresses = [], []
+    monkeypatch.setattr(rl_mode.ray_cluster, "connect", lambda address: True)  # as if it started Ray
+    monkeypatch.setattr(rl_mode.ray, "shutdown", lambda: shutdowns.append("ray"))
+
+    def failing_rollout_side(run, address):
+        addresses.append(address)
+        socket.create_connection(tuple(address.rsplit(":", 1)), timeout=5).close()  # serving now
+        raise RuntimeError("no actors today")
+
+    monkeypatch.setattr(rl_mode, "open_rollout_side", failing_rollout_side)
+    with pytest.raises(RuntimeError, match="no actors today"):
+        rl_mode.run_rl_mode(run)
+    assert shutdowns == ["ray"]
+    with pytest.raises(OSError):  # the learner's gRPC server is gone
+        socket.create_connection(tuple(addresses[0].rsplit(":", 1)), timeout=5)
