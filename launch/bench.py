@@ -68,6 +68,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
 
+from launch.config import load_config  # noqa: E402
+from models.tiny import make_tiny_model  # noqa: E402
+from models.tokenizer import DEFAULT_ALPHABET, SPECIAL_TOKENS  # noqa: E402
+
+# The benchmark scripts (tests/benchmarks/bench_*.py) are imported in the section that uses them:
+# each pulls in its own heavy stack (vLLM and torch, JAX, a Ray cluster), and `--only` runs one.
+
 DEMO_CONFIG = ROOT / "launch" / "configs" / "demo_rl.yaml"
 MIB = 2**20
 
@@ -122,8 +129,6 @@ def rollout_rows(args: argparse.Namespace, sizes: dict, model_dir: Path, config)
 def grpo_rows(args: argparse.Namespace, sizes: dict) -> dict:
     """tandem's GRPO step vs tunix's grpo_loss_fn on the same model and batch."""
     import bench_grpo_step
-
-    from models.tokenizer import DEFAULT_ALPHABET, SPECIAL_TOKENS
 
     batch, repeats = sizes["grpo"]
     vocab = args.grpo_vocab or len(SPECIAL_TOKENS) + len(DEFAULT_ALPHABET)
@@ -226,9 +231,6 @@ def format_table(rows: list[tuple[str, float | None, float | None, str]]) -> str
 
 def model_sections(args: argparse.Namespace, sizes: dict, selected: list[str], results: dict) -> None:
     """The rollout, GRPO and RL-loop sections (those `selected`), on the config's model."""
-    from launch.config import load_config
-    from models.tiny import make_tiny_model
-
     overrides = [*sizes["overrides"], *args.overrides]
     if args.actors:
         overrides.append(f"rollout.num_actors={args.actors}")

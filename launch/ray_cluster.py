@@ -17,6 +17,7 @@ from pathlib import Path
 import ray
 
 from actors.config import ENGINE_ENV
+from actors.fleet import ClusterUnreachable, join_cluster
 from launch.config import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -34,8 +35,6 @@ def connect(address: str | None = None, *, rollout_slots: int = 4, reward_slots:
             env[name] = os.environ[name]
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        from actors.fleet import ClusterUnreachable, join_cluster  # here: only RL runs join a cluster
-
         try:
             join_cluster(address, runtime_env={"env_vars": env}, log_to_driver=True)
         except ClusterUnreachable as error:  # exit code 2 and one line (main_for), not a traceback
