@@ -3,11 +3,14 @@
 Every role's config is derived from it here and nowhere else: `service_config` (the learner's gRPC
 server), `loop_config` (the RL loop), `actor_config` (each rollout actor) and `eval_settings` (the
 held-out evaluator); what exists only at run time (the model's vocab size, the model dir) is an
-argument. So a new option is one field in a section below plus one use where it matters, and every
-default lives once: here, or in the light schema modules whose types are sections
-(learner.schema: LossConfig, OptimizerConfig, MeshConfig; learner.guard.GuardConfig;
-actors.config.RestartPolicy; rewards.spec). Each field is documented where it is declared, and
-`config_help()` (printed by every entrypoint's `--help`) lists them all.
+argument. Sections that belong to one role are that role's own types, declared in light modules
+and handed to it whole: `train` (learner.schema.TrainConfig, read by the RL loop), `server`
+(learner.schema.ServerConfig, read by the service), `algo`, `optim`, `mesh` (learner.schema),
+`train.guard` (learner.guard), `rollout.restart` (actors.config), `rewards` (rewards.spec). A new
+option there is one field in its section plus its use. The `rollout` section is shared by the
+actors and the learner's admission; the actors' part of it is picked by name (ActorConfig's
+fields), the learner's is derived below. Every default lives once, and each field is documented
+where it is declared; `config_help()` (printed by every entrypoint's `--help`) lists them all.
 
 Every section forbids unknown keys, so a typo fails at start with the key's full dotted name; a
 removed key fails naming what replaced it; bad values fail with pydantic's message (which lists the
@@ -26,8 +29,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from actors.config import FLEET_NAME, ActorConfig, RestartPolicy
-from learner.guard import GuardConfig
-from learner.schema import LossConfig, MeshConfig, OptimizerConfig, RLLoopConfig, ServiceConfig
+from learner.schema import (
+    LossConfig,
+    MeshConfig,
+    OptimizerConfig,
+    RLLoopConfig,
+    ServerConfig,
+    ServiceConfig,
+    TrainConfig,
+)
 from rewards.spec import RewardSpec, WeightedReward
 
 
@@ -74,26 +84,6 @@ class DataConfig(Section):
     split: str = Field("train", description="split of data.train to read")
     seq_len: int = Field(64, ge=8, description="packed row length (sft, pretrain)")
     eval_examples: int = Field(256, ge=1, description="held-out examples evaluated at most")
-
-
-class TrainConfig(Section):
-    """The learner's run: steps, batches, checkpoints, evaluation."""
-
-    steps: int = Field(100, ge=1, description="optimizer steps")
-    batch_size: int = Field(64, ge=1, description="packed rows per step (sft, pretrain)")
-    prompts_per_step: int = Field(16, ge=1, description="groups per step (rl)")
-    micro_batches: int = Field(1, ge=1, description="gradient accumulation: a step's batch in this many parts")
-    checkpoint_every: int = Field(50, ge=1, description="save a checkpoint every this many steps")
-    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
-    eval_every: int = Field(0, ge=0, description="rl: evaluate every this many steps; 0 = only at the end")
-    eval_k: int = Field(8, ge=1, description="samples per prompt for pass@k")
-    eval_kv_cache_gib: float = Field(0.25, gt=0, description="KV cache of the evaluator's vLLM engine")
-    logprob_chunk: int = Field(64, ge=1, description="sequence chunk of the learner's logprob computation")
-    skip_no_signal: bool = Field(True, description="rl: a step whose advantages are all zero makes no "
-                                                   "optimizer update (AdamW's state untouched)")
-    max_fill_batches: int = Field(4, ge=1, description="rl, algo.dynamic_sampling=fill: take at most this "
-                                                       "many × prompts_per_step groups per step")
-    guard: GuardConfig = Field(GuardConfig(), description="rl: entropy / update-norm jump guard")
 
 
 class RolloutConfig(Section):
@@ -148,17 +138,6 @@ class RewardsConfig(RewardSpec):
         return RewardSpec(**self.model_dump(include=set(RewardSpec.model_fields)))
 
 
-class ServerConfig(Section):
-    """The learner's gRPC server (rl)."""
-
-    host: str = Field("127.0.0.1", description="bind address; 0.0.0.0 serves actors on other nodes")
-    port: int = Field(0, ge=0, le=65535, description="0 = any free port")
-    auth_token: str | None = Field(None, description="shared token; defaults to $TANDEM_AUTH_TOKEN")
-    tls_cert_path: str | None = Field(None, description="learner certificate: serve TLS only (with tls_key_path)")
-    tls_key_path: str | None = Field(None, description="private key of tls_cert_path")
-    tls_ca_path: str | None = Field(None, description="CA that signed tls_cert_path, handed to the rollout actors")
-
-
 class TandemConfig(Section):
     """A whole run; the entrypoint (launch/rl.py, sft.py, pretrain.py, eval.py) chooses the mode."""
 
@@ -195,19 +174,17 @@ class TandemConfig(Section):
         """The learner's gRPC server; ``vocab_size`` is the model's (token ids are checked against it)."""
         rollout, server = self.rollout, self.server
         return ServiceConfig(
-            queue_capacity=rollout.queue_capacity, max_staleness=rollout.max_staleness,
+            server=server, queue_capacity=rollout.queue_capacity, max_staleness=rollout.max_staleness,
             group_size=rollout.group_size, lease_seconds=rollout.lease_seconds,
-            max_prompt_tokens=rollout.max_prompt_tokens, auth_token=server.auth_token, vocab_size=vocab_size,
-            heartbeat_interval_s=rollout.heartbeat_interval_s, actor_timeout_s=rollout.actor_timeout_s,
-            tls_cert_path=server.tls_cert_path, tls_key_path=server.tls_key_path, mode="rl")
+            max_prompt_tokens=rollout.max_prompt_tokens, vocab_size=vocab_size,
+            heartbeat_interval_s=rollout.heartbeat_interval_s, actor_timeout_s=rollout.actor_timeout_s, mode="rl")
 
     def loop_config(self) -> RLLoopConfig:
         """The learner's RL loop (the tokenizer's pad id is RLLoop's own argument)."""
         train, rollout = self.train, self.rollout
         return RLLoopConfig(
-            steps=train.steps, prompts_per_step=train.prompts_per_step, group_size=rollout.group_size,
-            max_sequence_len=rollout.max_prompt_tokens + rollout.max_tokens, publish_every=rollout.publish_every,
-            max_fill_batches=train.max_fill_batches, guard=train.guard)
+            train=train, group_size=rollout.group_size, publish_every=rollout.publish_every,
+            max_sequence_len=rollout.max_prompt_tokens + rollout.max_tokens)
 
     def actor_config(self, model_dir: str | Path) -> ActorConfig:
         """What each rollout actor runs; ``model_dir`` is the model being trained (weight version 0)."""

@@ -67,7 +67,7 @@ class RLLoop:
         self.counts = {"updates_skipped": 0, "groups_zero_signal_dropped": 0, "rollbacks": 0}
         self.guard_events: list[dict[str, Any]] = []
         self.stopped_by_guard = ""
-        self._detector = JumpDetector(config.guard)
+        self._detector = JumpDetector(config.train.guard)
 
     def abort(self, reason: str) -> None:
         """Stop waiting for groups: ``run`` raises NoRolloutsError(reason) within seconds. Thread-safe
@@ -88,9 +88,9 @@ class RLLoop:
         return bound
 
     def run(self, on_step: StepCallback | None = None) -> dict[str, Any]:
-        """Train until `config.steps` (or the guard stops it); returns the final accounting."""
+        """Train until `config.train.steps` (or the guard stops it); returns the final accounting."""
         started = time.monotonic()
-        while self.step < self.config.steps:
+        while self.step < self.config.train.steps:
             waited = time.perf_counter()
             groups = self._next_groups()
             wait_s = time.perf_counter() - waited
@@ -116,18 +116,18 @@ class RLLoop:
         return self.service.accounting()
 
     def _publish_and_checkpoint(self, metrics: dict[str, float]) -> None:
-        if self.step % self.config.publish_every == 0 or self.step == self.config.steps:
+        if self.step % self.config.publish_every == 0 or self.step == self.config.train.steps:
             started = time.perf_counter()
             self.version += 1
             self.service.publish_weights(self.version, self.trainer.hf_tensors())
             metrics["publish_s"] = time.perf_counter() - started
         self.checkpointer.save(self.step, self.trainer.state,
                                {"service": self.service.state_dict(), "loop": self.counts},
-                               weight_version=self.version, force=self.step == self.config.steps)
+                               weight_version=self.version, force=self.step == self.config.train.steps)
 
     def _guard(self, metrics: dict[str, float]) -> bool:
         """Apply the guard to this step's metrics; True when the run must stop now."""
-        guard = self.config.guard
+        guard = self.config.train.guard
         jumps = [] if guard.action == "off" else self._detector.observe(self.step, metrics)
         metrics["guard_jumps"] = float(len(jumps))
         if not jumps:
@@ -159,20 +159,21 @@ class RLLoop:
         groups with signal count: the zero-signal ones are retired (marked consumed) and counted, and
         after max_fill_batches × P groups the step trains on the groups with signal it has."""
         fill = self.trainer.loss_config.dynamic_sampling == "fill"
+        wanted = self.config.train.prompts_per_step
         groups: list[GroupRecord] = []
         taken = 0
         deadline = time.monotonic() + self.config.batch_timeout_s
-        while len(groups) < self.config.prompts_per_step:
-            if fill and taken >= self.config.max_fill_batches * self.config.prompts_per_step:
+        while len(groups) < wanted:
+            if fill and taken >= self.config.train.max_fill_batches * wanted:
                 break
             if self._abort_reason:
                 raise NoRolloutsError(f"run aborted: {self._abort_reason}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise NoRolloutsError(
-                    f"only {len(groups)} of {self.config.prompts_per_step} groups arrived in "
+                    f"only {len(groups)} of {wanted} groups arrived in "
                     f"{self.config.batch_timeout_s:.0f} s; accounting: {self.service.accounting()}")
-            fresh = self.service.next_batch(self.config.prompts_per_step - len(groups), timeout=min(remaining, 5.0))
+            fresh = self.service.next_batch(wanted - len(groups), timeout=min(remaining, 5.0))
             if fresh:
                 deadline = time.monotonic() + self.config.batch_timeout_s
             taken += len(fresh)
@@ -191,7 +192,7 @@ class RLLoop:
         started = time.perf_counter()
         batch, stats = assemble_rl_batch(
             groups, pad_id=self.pad_id, current_version=self.version, length_buckets=self.buckets,
-            num_rows=self.config.prompts_per_step * self.config.group_size,
+            num_rows=self.config.train.prompts_per_step * self.config.group_size,
             std_normalize=self.trainer.loss_config.std_normalize,
             dynamic_sampling=self.trainer.loss_config.dynamic_sampling,
         )

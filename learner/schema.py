@@ -107,28 +107,61 @@ class MeshConfig(BaseModel):
     tp: int = Field(1, ge=1, description="tensor-parallel axis")
 
 
+class TrainConfig(BaseModel):
+    """The learner's run: steps, batches, checkpoints, evaluation (the run config's `train` section).
+
+    The RL loop reads it whole (RLLoopConfig.train), so an option of the loop is one field here
+    plus its use there."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    steps: int = Field(100, ge=1, description="optimizer steps")
+    batch_size: int = Field(64, ge=1, description="packed rows per step (sft, pretrain)")
+    prompts_per_step: int = Field(16, ge=1, description="groups per step (rl)")
+    micro_batches: int = Field(1, ge=1, description="gradient accumulation: a step's batch in this many parts")
+    checkpoint_every: int = Field(50, ge=1, description="save a checkpoint every this many steps")
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
+    eval_every: int = Field(0, ge=0, description="rl: evaluate every this many steps; 0 = only at the end")
+    eval_k: int = Field(8, ge=1, description="samples per prompt for pass@k")
+    eval_kv_cache_gib: float = Field(0.25, gt=0, description="KV cache of the evaluator's vLLM engine")
+    logprob_chunk: int = Field(64, ge=1, description="sequence chunk of the learner's logprob computation")
+    skip_no_signal: bool = Field(True, description="rl: a step whose advantages are all zero makes no "
+                                                   "optimizer update (AdamW's state untouched)")
+    max_fill_batches: int = Field(4, ge=1, description="rl, algo.dynamic_sampling=fill: take at most this "
+                                                       "many × prompts_per_step groups per step")
+    guard: GuardConfig = Field(GuardConfig(), description="rl: entropy / update-norm jump guard")
+
+
 @dataclasses.dataclass(frozen=True)
 class RLLoopConfig:
     """The fields without a default come from the run config (launch.config.TandemConfig.loop_config)."""
 
-    steps: int
-    """optimizer steps of the run"""
-    prompts_per_step: int
-    """groups per step (P)"""
+    train: TrainConfig
+    """the run's `train` section: steps, prompts_per_step (P), max_fill_batches, guard, ..."""
     group_size: int
     """completions per group (G)"""
     max_sequence_len: int
     """prompt + completion tokens, the largest length bucket"""
     publish_every: int
     """publish new weights every this many steps"""
-    max_fill_batches: int
-    """dynamic_sampling='fill' takes at most this many × P groups a step"""
-    guard: GuardConfig
-    """the entropy / update-norm jump guard"""
     batch_timeout_s: float = 900.0
     """give up when no group arrives for this long"""
     min_bucket_len: int = 16
     """the smallest length bucket"""
+
+
+class ServerConfig(BaseModel):
+    """The learner's gRPC server (rl; the run config's `server` section). The service reads it whole
+    (ServiceConfig.server), so an option of the server is one field here plus its use there."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    host: str = Field("127.0.0.1", description="bind address; 0.0.0.0 serves actors on other nodes")
+    port: int = Field(0, ge=0, le=65535, description="0 = any free port")
+    auth_token: str | None = Field(None, description="shared token; defaults to $TANDEM_AUTH_TOKEN")
+    tls_cert_path: str | None = Field(None, description="learner certificate: serve TLS only (with tls_key_path)")
+    tls_key_path: str | None = Field(None, description="private key of tls_cert_path")
+    tls_ca_path: str | None = Field(None, description="CA that signed tls_cert_path, handed to the rollout actors")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +171,9 @@ class ServiceConfig:
     The fields without a default come from the run config: launch.config.TandemConfig.service_config
     derives them (its `rollout.*` and `server.*` keys document them); the rest are server limits."""
 
+    server: ServerConfig
+    """the run's `server` section: the run token (when set, every RPC needs `authorization: Bearer
+    <token>`) and TLS (the server speaks TLS only when both tls_cert_path and tls_key_path are set)"""
     queue_capacity: int
     """scored groups held for the trainer; a full queue answers RETRY"""
     max_staleness: int
@@ -148,18 +184,12 @@ class ServiceConfig:
     """a leased prompt not answered within this is offered again"""
     max_prompt_tokens: int
     """longer prompts are refused; 0 = no limit"""
-    auth_token: str | None
-    """when set, every RPC needs `authorization: Bearer <token>`"""
     vocab_size: int | None
     """when set, token ids must be in [0, vocab_size)"""
     heartbeat_interval_s: float
     """how often actors are told to report liveness"""
     actor_timeout_s: float
     """an actor silent this long is reported stale"""
-    tls_cert_path: str | None
-    """PEM certificate; the server speaks TLS only when both cert and key are set"""
-    tls_key_path: str | None
-    """PEM key of tls_cert_path"""
     max_group_bytes: int = 16 * 1024 * 1024
     """largest ScoredGroup message accepted"""
     weight_chunk_bytes: int = WEIGHT_CHUNK_BYTES

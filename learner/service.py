@@ -160,14 +160,14 @@ class LearnerService(rpc.LearnerServicer):
         server = grpc.server(
             ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tandem-learner"),
             options=self._server_options(),
-            interceptors=[BearerTokenInterceptor(cfg.auth_token)] if cfg.auth_token else [],
+            interceptors=[BearerTokenInterceptor(cfg.server.auth_token)] if cfg.server.auth_token else [],
         )
         add_tolerant_learner_servicer(self, server)
-        if cfg.tls_cert_path or cfg.tls_key_path:
-            if not (cfg.tls_cert_path and cfg.tls_key_path):
+        if cfg.server.tls_cert_path or cfg.server.tls_key_path:
+            if not (cfg.server.tls_cert_path and cfg.server.tls_key_path):
                 raise ValueError("TLS needs both tls_cert_path and tls_key_path")
             credentials = grpc.ssl_server_credentials(
-                [(Path(cfg.tls_key_path).read_bytes(), Path(cfg.tls_cert_path).read_bytes())]
+                [(Path(cfg.server.tls_key_path).read_bytes(), Path(cfg.server.tls_cert_path).read_bytes())]
             )
             port = server.add_secure_port(address, credentials)
         else:

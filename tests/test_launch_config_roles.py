@@ -24,7 +24,9 @@ def test_the_service_config_carries_the_run_config():
     service = config.service_config(vocab_size=151)
     assert (service.queue_capacity, service.max_staleness, service.group_size, service.lease_seconds) == (7, 0, 3, 9.5)
     assert (service.max_prompt_tokens, service.heartbeat_interval_s, service.actor_timeout_s) == (33, 0.25, 2.0)
-    assert (service.auth_token, service.tls_cert_path, service.tls_key_path) == ("t0k", "/c.pem", "/k.pem")
+    assert service.server is config.server  # the service reads the run's server section whole
+    assert (service.server.auth_token, service.server.tls_cert_path, service.server.tls_key_path) == (
+        "t0k", "/c.pem", "/k.pem")
     assert service.vocab_size == 151 and service.mode == "rl"
 
 
@@ -33,9 +35,10 @@ def test_the_loop_config_carries_the_run_config():
                                 "rollout.max_prompt_tokens=20", "rollout.max_tokens=11", "rollout.publish_every=2",
                                 "train.max_fill_batches=3", "train.guard.action=stop", "train.guard.window=7"])
     loop = config.loop_config()
-    assert (loop.steps, loop.prompts_per_step, loop.group_size, loop.publish_every) == (12, 5, 6, 2)
-    assert loop.max_sequence_len == 31 and loop.max_fill_batches == 3
-    assert (loop.guard.action, loop.guard.window) == ("stop", 7)
+    assert loop.train is config.train  # the loop reads the run's train section whole
+    assert (loop.train.steps, loop.train.prompts_per_step, loop.group_size, loop.publish_every) == (12, 5, 6, 2)
+    assert loop.max_sequence_len == 31 and loop.train.max_fill_batches == 3
+    assert (loop.train.guard.action, loop.train.guard.window) == ("stop", 7)
 
 
 def test_the_actor_config_carries_the_run_config():
@@ -67,8 +70,7 @@ def test_role_configs_have_no_defaults_of_their_own_for_what_the_run_config_supp
         "max_group_bytes", "weight_chunk_bytes", "max_actors", "max_streams", "max_streams_per_actor",
         "max_weight_streams", "unary_workers", "stream_idle_timeout_s", "mode"}
     loop_fields = {f.name for f in dataclasses.fields(RLLoopConfig) if f.default is dataclasses.MISSING}
-    assert loop_fields == {"steps", "prompts_per_step", "group_size", "max_sequence_len", "publish_every",
-                           "max_fill_batches", "guard"}
+    assert loop_fields == {"train", "group_size", "max_sequence_len", "publish_every"}
     assert all(field.is_required() for field in ActorConfig.model_fields.values())
 
 

@@ -48,8 +48,8 @@ def test_a_crash_looping_actor_backs_off_is_given_up_and_the_run_stops_with_the_
                              service_config(group_size=2))
     # the loop stops before any update, so the trainer is only asked which dynamic sampling it runs
     no_trainer = SimpleNamespace(loss_config=LossConfig())
-    loop = RLLoop(no_trainer, service, None, None, loop_config(steps=1, prompts_per_step=1, group_size=2,
-                                                               max_sequence_len=16), pad_id=0)
+    loop = RLLoop(no_trainer, service, None, None, loop_config(["train.steps=1", "train.prompts_per_step=1"],
+                                                               group_size=2, max_sequence_len=16), pad_id=0)
     supervisor = FleetSupervisor(service, fleet, interval_s=0.2, on_fatal=loop.abort).start()
     started = time.monotonic()
     try:
