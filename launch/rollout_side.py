@@ -16,15 +16,17 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors.config import ActorConfig
 from actors.fleet import close_named_fleet, find_named_fleet, start_named_fleet
+from actors.stats import FleetInfo
 from launch.config import ConfigError
 from rewards.pool import RewardPool
+from rewards.types import RewardStats
 
 if TYPE_CHECKING:
     from launch.stages import Run
@@ -42,7 +44,7 @@ class RolloutSide:
     fleet: ray.actor.ActorHandle
     attached: bool  # re-attached to the fleet an earlier driver of this run started
 
-    def close(self) -> dict[str, int]:
+    def close(self) -> RewardStats:
         """Stop the actors, retire the reward workers and end the fleet; returns the reward stats."""
         try:
             ray.get(self.fleet.shutdown.remote())
@@ -70,18 +72,18 @@ def open_rollout_side(run: Run, learner_address: str) -> RolloutSide:
     fleet = find_named_fleet(rollout.fleet_name)
     if fleet is not None:
         info = _describe(fleet)
-        if info is not None and info["run_key"] == key:
-            pool = RewardPool(spec, num_workers, actor_options=DETACHED, workers=info["reward_handles"])
+        if info is not None and info.run_key == key:
+            pool = RewardPool(spec, num_workers, actor_options=DETACHED, workers=info.reward_handles)
             moved = ray.get(fleet.attach.remote(learner_address))
             ray.get(fleet.scale.remote(rollout.num_actors))
             log.warning("re-attached to fleet %r left by an earlier driver of this run: actors %s now serve %s",
                         rollout.fleet_name, moved, learner_address)
             return RolloutSide(pool, fleet, attached=True)
-        if info is not None and info["idle_s"] < LIVE_DRIVER_S:
+        if info is not None and info.idle_s < LIVE_DRIVER_S:
             raise ConfigError(f"rollout.fleet_name {rollout.fleet_name!r} is in use by a running run "
-                              f"({info['run_key'].split('#')[0]}); give this run another rollout.fleet_name")
+                              f"({info.run_key.split('#')[0]}); give this run another rollout.fleet_name")
         log.warning("closing fleet %r left by another run or other settings (%s)", rollout.fleet_name,
-                    info["run_key"] if info else "not answering")
+                    info.run_key if info else "not answering")
         close_named_fleet(rollout.fleet_name)
     pool = RewardPool(spec, num_workers, actor_options=DETACHED)
     try:
@@ -94,7 +96,7 @@ def open_rollout_side(run: Run, learner_address: str) -> RolloutSide:
     return RolloutSide(pool, fleet, attached=False)
 
 
-def _describe(fleet: ray.actor.ActorHandle) -> dict[str, Any] | None:
+def _describe(fleet: ray.actor.ActorHandle) -> FleetInfo | None:
     try:
         return ray.get(fleet.describe.remote(), timeout=60)
     except (RayActorError, GetTimeoutError):

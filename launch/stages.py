@@ -19,7 +19,7 @@ import os
 import socket
 import sys
 import textwrap
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -342,7 +342,8 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
     summary: dict[str, Any] = {"mode": "rl", "steps": loop.step, "weight_version": loop.version,
                                "hf_final": str(hf_dir), "accounting": accounting,
                                "accounting_violations": balance_violations(accounting), "evals": evals,
-                               "reward_stats": reward_stats, "actors": actor_stats, "supervisor": supervision,
+                               "reward_stats": asdict(reward_stats), "supervisor": supervision,
+                               "actors": {actor_id: asdict(stats) for actor_id, stats in actor_stats.items()},
                                "fleet": {"name": config.rollout.fleet_name, "reattached": rollout_side.attached},
                                "learner": loop.counts, "guard": {"events": loop.guard_events,
                                                                  "stopped": loop.stopped_by_guard}}
