@@ -39,7 +39,7 @@ import psutil
 from actors.config import ActorConfig
 from actors.engine import RolloutEngine, SamplingSpec, WeightSetError
 from actors.groups import PROMPT_TOO_LONG, rejected_group, scored_group
-from actors.learner_client import LearnerClient, LearnerUnavailable, PromptLease, WeightTransferError
+from actors.learner_client import LearnerClient, LearnerUnavailable, Prompt, WeightTransferError
 from actors.scoring import RewardScorer
 from actors.stats import ActorStats
 
@@ -205,7 +205,7 @@ class RolloutActor:
 
     # ------------------------------------------------------------------ sampling loop
 
-    def _sample_and_send(self, leases: list[PromptLease]) -> None:
+    def _sample_and_send(self, leases: list[Prompt]) -> None:
         # A lease that expired while we sampled it may come back to us while our group for it is still
         # on its way (or queued): the learner has that copy, so sampling the prompt again is waste.
         leases = [lease for lease in leases if not self.client.is_unacked(lease.group_id)]

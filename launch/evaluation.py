@@ -10,13 +10,13 @@ child process, as the reward workers run them).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from actors.engine import RolloutEngine, SamplingSpec
+from actors.learner_client import Prompt
 from rewards.types import ScoreResult
 
 
@@ -32,13 +32,6 @@ class Scorer(Protocol):
 PASS_THRESHOLD = 0.5
 
 
-@dataclass(frozen=True)
-class EvalExample:
-    prompt_ids: list[int]
-    text: str
-    metadata: dict
-
-
 def _passes(results: Sequence[ScoreResult]) -> list[bool]:
     return [r.reward is not None and r.reward > PASS_THRESHOLD for r in results]
 
@@ -51,7 +44,7 @@ def _mean_reward(results: Sequence[ScoreResult]) -> float:
 class Evaluator:
     """Scores one model on a fixed list of examples; reuse it across evaluations of one run."""
 
-    def __init__(self, hf_dir: Path, examples: Sequence[EvalExample], scorer: Scorer, *, k: int, max_tokens: int,
+    def __init__(self, hf_dir: Path, examples: Sequence[Prompt], scorer: Scorer, *, k: int, max_tokens: int,
                  temperature: float, max_model_len: int, kv_cache_gib: float, dtype: str, seed: int):
         """The keyword arguments come from the run config (launch.config.TandemConfig.eval_settings)."""
         if not examples:

@@ -29,6 +29,7 @@ from launch.arithmetic import SPLITS, make_arithmetic_data
 from launch.config import ConfigError, TandemConfig, config_help, load_config
 from launch.plots import plot_run
 from launch.ray_cluster import WORKER_ENV
+from learner.prompt_source import Prompt
 
 Mode = str  # "pretrain" | "sft" | "rl"
 MODES = ("pretrain", "sft", "rl")
@@ -142,8 +143,8 @@ def build_trainer(run: Run, *, temperature: float = 1.0):
 
 
 def chat_prompt_rows(path: str, tokenizer, *, split: str = "train", limit: int | None = None,
-                     prompt_format: str = "chat") -> list[dict]:
-    """RL/eval rows {prompt, answer, ...} → {prompt_ids, text, metadata}. prompt_ids is the chat template
+                     prompt_format: str = "chat") -> list[Prompt]:
+    """RL/eval rows {prompt, answer, ...} → Prompts (the learner's). prompt_ids is the chat template
     with the generation prompt ('chat'), or the text as a pretraining document begins ('raw': bos + text)."""
     from learner.data import load_rows, pretrain_documents
 
@@ -160,7 +161,7 @@ def chat_prompt_rows(path: str, tokenizer, *, split: str = "train", limit: int |
             ids = tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}], tokenize=True,
                                                 add_generation_prompt=True, return_dict=False)
         metadata = {k: str(v) for k, v in row.items() if k != "prompt"}
-        out.append({"prompt_ids": list(ids), "text": row["prompt"], "metadata": metadata})
+        out.append(Prompt(list(ids), row["prompt"], metadata))
     return out
 
 
@@ -169,7 +170,8 @@ def make_evaluator(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None
     """An Evaluator over `data` (default: the run's held-out split), scoring with the run's rewards in
     an isolated process, pass@k with k = train.eval_k unless given; None when there is nothing to
     evaluate on."""
-    from launch.evaluation import EvalExample, Evaluator
+    from actors import learner_client
+    from launch.evaluation import Evaluator
     from rewards.isolation import IsolatedScorer
 
     config = run.config
@@ -177,7 +179,7 @@ def make_evaluator(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None
     if data is None:
         return None
     rows = chat_prompt_rows(data, tokenizer, limit=config.data.eval_examples, prompt_format=prompt_format)
-    examples = [EvalExample(r["prompt_ids"], r["text"], r["metadata"]) for r in rows]
+    examples = [learner_client.Prompt(r.prompt_ids, r.text, r.metadata) for r in rows]
     settings = config.eval_settings()
     if k is not None:
         settings["k"] = k

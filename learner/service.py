@@ -531,8 +531,7 @@ class LearnerService(rpc.LearnerServicer):
         group_id = record.group_id
         state = self._prompts.state(group_id)
         if state is PromptState.OUTSTANDING:
-            ids = [int(t) for t in self._prompts.prompt(group_id).get("prompt_ids") or ()]
-            facts = PromptFacts(state, ids, self._prompts.lease_info(group_id))
+            facts = PromptFacts(state, self._prompts.prompt(group_id).prompt_ids, self._prompts.lease_info(group_id))
         else:
             facts = PromptFacts(state)
         return decide(record, sender, facts, self._rules(), self._queue.full())

@@ -16,7 +16,7 @@ from actors_helpers import chat_prompt, make_base_model, wait_for
 from config_helpers import actor_config, service_config
 
 from actors.fleet import set_actor_count, start_named_fleet
-from learner.prompt_source import PromptSource
+from learner.prompt_source import Prompt, PromptSource
 from learner.service import LearnerService
 from models.tokenizer import vocab_size_for
 from rewards.pool import RewardPool, RewardSpec, WeightedReward
@@ -59,8 +59,7 @@ class Trainer:
 @pytest.fixture(scope="module")
 def run(ray_session, tmp_path_factory):
     base = make_base_model(tmp_path_factory.mktemp("fleet") / "base")
-    rows = [{"prompt_ids": chat_prompt(f"{i}+{i}"), "text": f"{i}+{i}", "metadata": {"answer": str(2 * i)}}
-            for i in range(NUM_PROMPTS)]
+    rows = [Prompt(chat_prompt(f"{i}+{i}"), f"{i}+{i}", {"answer": str(2 * i)}) for i in range(NUM_PROMPTS)]
     service = LearnerService(PromptSource(rows, epochs=1, seed=0),
                              service_config(queue_capacity=4, group_size=G, lease_seconds=5.0,
                                             vocab_size=vocab_size_for(), heartbeat_interval_s=0.5))

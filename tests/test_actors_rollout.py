@@ -28,7 +28,7 @@ import learner.service as service_module
 from actors.fleet import ActorFleet
 from actors.stats import ActorStats
 from launch.config import load_config
-from learner.prompt_source import PromptSource
+from learner.prompt_source import Prompt, PromptSource
 from learner.service import GroupRecord, LearnerService
 from models.tokenizer import vocab_size_for
 from rewards.pool import RewardPool, RewardSpec, WeightedReward
@@ -40,12 +40,11 @@ QUEUE_CAPACITY = 4
 LONG_PROMPT_INDEX = 5
 
 
-def dataset() -> list[dict]:
-    rows = [{"prompt_ids": chat_prompt(f"{a}+{b}"), "text": f"{a}+{b}", "metadata": {"answer": str(a + b)}}
+def dataset() -> list[Prompt]:
+    rows = [Prompt(chat_prompt(f"{a}+{b}"), f"{a}+{b}", {"answer": str(a + b)})
             for a, b in [(12, 30), (7, 8), (101, 5), (64, 64), (3, 999), (45, 54), (250, 250), (9, 1)]]
     long_text = "1+" * 10 + "1"  # 21 characters + 3 special tokens > MAX_PROMPT_TOKENS
-    rows[LONG_PROMPT_INDEX] = {"prompt_ids": chat_prompt(long_text), "text": long_text,
-                               "metadata": {"answer": "11"}}
+    rows[LONG_PROMPT_INDEX] = Prompt(chat_prompt(long_text), long_text, {"answer": "11"})
     return rows
 
 
@@ -132,7 +131,7 @@ def test_actor_catches_up_then_groups_carry_g_completions_with_true_behaviour_lo
 
 
 def test_new_version_is_applied_between_generations_and_changes_outputs(rig):
-    prompts = [row["prompt_ids"] for row in dataset()[:3]]
+    prompts = [row.prompt_ids for row in dataset()[:3]]
     before = ray.get(rig.actor.greedy.remote(prompts, 8))
     version = rig.publish("sharp_b" if rig.version % 2 else "sharp_c")
     name = "sharp_b" if version % 2 == 0 else "sharp_c"
@@ -163,7 +162,7 @@ def _wrong_shape(tensors):
 
 @pytest.mark.parametrize("corruption", ["nan", "wrong_shape", "flipped_byte"])
 def test_corrupted_publish_is_rejected_and_the_old_version_keeps_serving(rig, corruption, monkeypatch):
-    prompts = [row["prompt_ids"] for row in dataset()[:3]]
+    prompts = [row.prompt_ids for row in dataset()[:3]]
     serving = rig.stats().version
     before = ray.get(rig.actor.greedy.remote(prompts, 8))
     rejections = rig.stats().weight_rejections
@@ -197,7 +196,7 @@ def test_corrupted_publish_is_rejected_and_the_old_version_keeps_serving(rig, co
 
 
 def test_too_long_prompts_are_reported_to_the_learner_not_sampled(rig):
-    long_ids = dataset()[LONG_PROMPT_INDEX]["prompt_ids"]
+    long_ids = dataset()[LONG_PROMPT_INDEX].prompt_ids
     wait_for(lambda: rig.service.accounting()["prompts_too_long"] >= 1, what="a prompt_too_long report")
     assert rig.stats().prompts_filtered >= 1
     records = rig.consume(len(dataset()))

@@ -21,7 +21,7 @@ from actors.config import RestartPolicy
 from actors.fleet import find_named_fleet, start_named_fleet
 from launch.supervisor import FleetSupervisor
 from learner.losses import LossConfig
-from learner.prompt_source import PromptSource
+from learner.prompt_source import Prompt, PromptSource
 from learner.rl_loop import NoRolloutsError, RLLoop
 from learner.service import LearnerService
 from rewards.pool import RewardPool, RewardSpec, WeightedReward
@@ -44,7 +44,7 @@ def test_a_crash_looping_actor_backs_off_is_given_up_and_the_run_stops_with_the_
     policy = RestartPolicy(backoff_s=BACKOFF_S, backoff_max_s=30, stable_after_s=300,
                            max_quick_failures=MAX_QUICK_FAILURES)
     fleet = start_named_fleet(config, "127.0.0.1:1", [], 1, name="crash-loop-test", restart=policy)
-    service = LearnerService(PromptSource([{"prompt_ids": [1, 2], "text": "p", "metadata": {}}]),
+    service = LearnerService(PromptSource([Prompt([1, 2], "p")]),
                              service_config(group_size=2))
     # the loop stops before any update, so the trainer is only asked which dynamic sampling it runs
     no_trainer = SimpleNamespace(loss_config=LossConfig())

@@ -97,12 +97,12 @@ import time
 
 import numpy as np
 
-from learner.prompt_source import PromptSource
+from learner.prompt_source import Prompt, PromptSource
 from config_helpers import service_config
 
 from learner.service import LearnerService
 
-service = LearnerService(PromptSource([{"prompt_ids": [1], "text": "p", "metadata": {}}]),
+service = LearnerService(PromptSource([Prompt([1], "p")]),
                          service_config(weight_chunk_bytes=1 << 20))
 print(service.start("127.0.0.1:0"), flush=True)
 rng = np.random.default_rng(0)

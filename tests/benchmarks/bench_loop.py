@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> dict:
             rows = chat_prompt_rows(prepared.train_data, AutoTokenizer.from_pretrained(prepared.model_dir),
                                     limit=rollout.prompts_per_batch * args.standalone_batches)
             standalone = measure_backend(
-                "vllm", prepared.model_dir, prompts=[r["prompt_ids"] for r in rows],
+                "vllm", prepared.model_dir, prompts=[r.prompt_ids for r in rows],
                 group_size=rollout.group_size, max_tokens=rollout.max_tokens, temperature=rollout.temperature,
                 repeats=2,
                 batch=rollout.prompts_per_batch, max_model_len=rollout.max_model_len, lengths=("natural",),

@@ -55,11 +55,11 @@ SERVER = """
 import json, sys
 config = json.loads(sys.argv[1])
 sys.path.insert(0, config.pop("root"))
-from learner.prompt_source import PromptSource
+from learner.prompt_source import Prompt, PromptSource
 from learner.service import LearnerService, ServiceConfig
 prompt_tokens = config.pop("prompt_tokens")
-rows = [{"prompt_ids": [5 + (i + j) % 50 for j in range(prompt_tokens)], "text": str(i),
-         "metadata": {"answer": str(i)}} for i in range(config["queue_capacity"])]
+rows = [Prompt([5 + (i + j) % 50 for j in range(prompt_tokens)], str(i), {"answer": str(i)})
+        for i in range(config["queue_capacity"])]
 service = LearnerService(PromptSource(rows, epochs=None), ServiceConfig(**config))
 print(service.start("127.0.0.1:0"), flush=True)
 sys.stdin.read()
