@@ -50,7 +50,6 @@ from learner.accounting import Accounting, balance_violations
 from learner.actor_registry import (
     ActorRecord,
     ActorRegistry,
-    ActorView,
     CredentialRefused,
     RegistryFull,
     UnknownCredential,
@@ -74,7 +73,7 @@ __all__ = [
     "ServiceConfig",
     "GroupRecord",
     "CompletionRecord",
-    "ActorView",
+    "ActorRecord",
     "balance_violations",
 ]
 
@@ -325,10 +324,10 @@ class LearnerService(rpc.LearnerServicer):
         with self._cond:
             return self._queue.depth
 
-    def actors_status(self) -> list[ActorView]:
+    def actors_status(self) -> list[ActorRecord]:
         """Every registered actor; `stale` ones have not been heard from for actor_timeout_s."""
         with self._cond:
-            return self._registry.views()
+            return self._registry.records()
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable exactly-once state for the checkpoint (prompts, counters, versions)."""
@@ -470,7 +469,7 @@ class LearnerService(rpc.LearnerServicer):
                         groups_in_flight=a.groups_in_flight,
                         tokens_per_second=a.tokens_per_second,
                     )
-                    for a in self._registry.views()
+                    for a in self._registry.records()
                 ],
                 accounting=pb.Accounting(
                     **{k: v for k, v in counts.items() if k in pb.Accounting.DESCRIPTOR.fields_by_name}
