@@ -20,13 +20,14 @@ import logging
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import ray
 from ray.exceptions import AuthenticationError, GetTimeoutError, RayActorError, RayTaskError
 
 from actors.config import ENGINE_ENV, FLEET_NAME, FLEET_NAMESPACE, ActorConfig, RestartPolicy
 from actors.rollout_actor import RolloutActor
+from actors.stats import ActorStats, FleetHealth, FleetInfo, GivenUp, NoAnswer
 
 log = logging.getLogger(__name__)
 
@@ -51,15 +52,6 @@ class PendingRestart:
     replaces: str  # the dead actor's id
     failures: int  # quick deaths in a row of this slot so far
     due: float  # time.monotonic() when it may start
-
-
-@dataclass
-class GivenUp:
-    """A slot whose actors kept dying right after they started."""
-
-    actor_id: str  # the last actor of the slot
-    failures: int
-    reason: str
 
 
 class ActorFleet:
@@ -149,14 +141,13 @@ class ActorFleet:
             self._pending = [p for p in self._pending if p.due > now]
             return [self._spawn(p.failures) for p in due]
 
-    def health(self) -> dict:
+    def health(self) -> FleetHealth:
         """Live actor ids, restarts waiting out a back-off, and slots given up (with the reason)."""
         with self._lock:
             now = time.monotonic()
-            return {"actors": list(self._members),
-                    "pending": [{"replaces": p.replaces, "failures": p.failures, "in_s": max(0.0, p.due - now)}
-                                for p in self._pending],
-                    "given_up": [asdict(g) for g in self._given_up]}
+            return FleetHealth(actors=tuple(self._members),
+                               pending={p.replaces: max(0.0, p.due - now) for p in self._pending},
+                               given_up=tuple(self._given_up))
 
     def dead(self) -> list[str]:
         """Actors whose process died or whose ``run()`` raised (Ray's view)."""
@@ -177,20 +168,20 @@ class ActorFleet:
                 dead.append(actor_id)
         return dead
 
-    def stats(self, timeout_s: float = 10.0, actor_ids: list[str] | None = None) -> dict[str, dict]:
+    def stats(self, timeout_s: float = 10.0, actor_ids: list[str] | None = None
+              ) -> dict[str, ActorStats | NoAnswer]:
         """Each live actor's (or each of ``actor_ids``') ``stats()``; an actor that does not answer in
-        time maps to {"error": ...} (plus "dead": True when its process is gone). An actor still starting
-        its engine answers only once started."""
+        time maps to a NoAnswer. An actor still starting its engine answers only once started."""
         refs = {actor_id: h.stats.remote() for actor_id, h in self.actors().items()
                 if actor_ids is None or actor_id in actor_ids}
-        out: dict[str, dict] = {}
+        out: dict[str, ActorStats | NoAnswer] = {}
         for actor_id, ref in refs.items():
             try:
                 out[actor_id] = ray.get(ref, timeout=timeout_s)
             except RayActorError as error:
-                out[actor_id] = {"error": repr(error), "dead": True}
+                out[actor_id] = NoAnswer(repr(error), dead=True)
             except GetTimeoutError as error:
-                out[actor_id] = {"error": repr(error)}
+                out[actor_id] = NoAnswer(repr(error), dead=False)
         return out
 
     def retarget(self, learner_address: str) -> list[str]:
@@ -208,7 +199,7 @@ class ActorFleet:
                 log.warning("rollout actor %s did not take the new learner address: %r", actor_id, error)
         return told
 
-    def wait(self, timeout_s: float | None = None) -> dict[str, dict]:
+    def wait(self, timeout_s: float | None = None) -> dict[str, ActorStats]:
         """Block until every actor's ``run()`` has returned (dataset exhausted); returns their stats."""
         with self._lock:
             runs = {actor_id: m.run for actor_id, m in self._members.items()}
@@ -262,11 +253,11 @@ class NamedFleet(ActorFleet):
         """A driver is alive and using this fleet."""
         self._touched = time.monotonic()
 
-    def describe(self) -> dict:
+    def describe(self) -> FleetInfo:
         """Which run this fleet serves, how long since a driver touched it, its actors and reward workers."""
-        return {"run_key": self.run_key, "idle_s": time.monotonic() - self._touched,
-                "learner_address": self.learner_address, "actors": list(self.actors()),
-                "reward_handles": list(self.reward_handles)}
+        return FleetInfo(run_key=self.run_key, idle_s=time.monotonic() - self._touched,
+                         learner_address=self.learner_address, actors=tuple(self.actors()),
+                         reward_handles=tuple(self.reward_handles))
 
     def attach(self, learner_address: str) -> list[str]:
         """A (restarted) driver takes the fleet over: its actors move to ``learner_address``."""

@@ -40,7 +40,7 @@ from tandem_wire.limits import CREDENTIAL_METADATA_KEY, MAX_DETAIL_CHARS
 __all__ = [
     "LearnerClient",
     "RegisterInfo",
-    "PromptLease",
+    "Prompt",
     "LearnerUnavailable",
     "StagedWeights",
     "WeightTransferError",
@@ -72,11 +72,18 @@ class RegisterInfo:
 
 
 @dataclass(frozen=True)
-class PromptLease:
-    group_id: str
+class Prompt:
+    """A prompt to sample, as leased from the learner: the actor's side of the wire message pb.Prompt
+    (learner.prompt_source.Prompt is the learner's). An evaluator's prompts, never leased, have no key."""
+
     prompt_ids: list[int]
+    """the tokens to sample from"""
     text: str
+    """the prompt as text, for the reward functions"""
     metadata: dict[str, str]
+    """what the reward functions need besides, e.g. the reference answer"""
+    group_id: str = ""
+    """the learner's key of the lease, which the sampled group answers; "" when not leased"""
 
 
 class LearnerClient:
@@ -170,13 +177,13 @@ class LearnerClient:
             self._latest_version = reply.latest_version
         return reply.latest_version
 
-    def lease_prompts(self, max_prompts: int) -> tuple[list[PromptLease], bool]:
+    def lease_prompts(self, max_prompts: int) -> tuple[list[Prompt], bool]:
         """Up to `max_prompts` prompts to sample, and whether the dataset is exhausted."""
         request = pb.LeasePromptsRequest(
             wire_version=WIRE_VERSION, actor_id=self.actor_id, max_prompts=max_prompts
         )
         reply = self._unary("LeasePrompts", request)
-        leases = [PromptLease(p.group_id, list(p.token_ids), p.text, dict(p.metadata)) for p in reply.prompts]
+        leases = [Prompt(list(p.token_ids), p.text, dict(p.metadata), group_id=p.group_id) for p in reply.prompts]
         return leases, reply.exhausted
 
     # ================================================================== groups

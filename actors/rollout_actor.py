@@ -39,8 +39,9 @@ import psutil
 from actors.config import ActorConfig
 from actors.engine import RolloutEngine, SamplingSpec, WeightSetError
 from actors.groups import PROMPT_TOO_LONG, rejected_group, scored_group
-from actors.learner_client import LearnerClient, LearnerUnavailable, PromptLease, WeightTransferError
+from actors.learner_client import LearnerClient, LearnerUnavailable, Prompt, WeightTransferError
 from actors.scoring import RewardScorer
+from actors.stats import ActorStats
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ class RolloutActor:
                 "max_prompt_tokens": self.max_prompt_tokens,  # the learner checks prompt_too_long claims
                 "host": socket.gethostname()}
 
-    def run(self) -> dict:
+    def run(self) -> ActorStats:
         """Register, catch up to the learner's weights, then sample until exhausted or stopped.
 
         Returns ``stats()``; raises if the engine failed while loading weights (the actor must be
@@ -153,29 +154,31 @@ class RolloutActor:
             raise RuntimeError(f"{self.actor_id}: engine failed while loading weights") from self._fatal
         return self.stats()
 
-    def stats(self) -> dict:
+    def stats(self) -> ActorStats:
+        """The counters so far, a wait or generate still running included."""
         c = self.counters
-        return {
-            "actor_id": self.actor_id,
-            "version": self.version,
-            "tokens_generated": c.tokens_generated,
-            "tokens_per_second": c.tokens_generated / c.generate_seconds if c.generate_seconds else 0.0,
-            "groups_sent": c.groups_sent,
-            "prompts_filtered": c.prompts_filtered,
-            "versions_applied": [u.version for u in c.weight_updates],
-            "stall_seconds": [u.stall_s for u in c.weight_updates],
-            "transfer_seconds": [u.transfer_s for u in c.weight_updates],
-            "weight_rejections": c.weight_rejections,
-            "generate_seconds": c.generate_seconds,
-            **{name: self._idle_seconds(name)
-               for name in ("credit_wait_seconds", "prompt_wait_seconds", "version_wait_seconds")},
-            "unacked": self.client.unacked_count(),
-            # how long the running generate has been busy: a supervisor replaces an engine stuck here
-            "engine_busy_s": time.monotonic() - started if (started := self._generating_since) else 0.0,
-            "rss_bytes": psutil.Process().memory_info().rss,
-        }
+        started = self._generating_since
+        return ActorStats(
+            actor_id=self.actor_id,
+            version=self.version,
+            tokens_generated=c.tokens_generated,
+            tokens_per_second=c.tokens_generated / c.generate_seconds if c.generate_seconds else 0.0,
+            groups_sent=c.groups_sent,
+            prompts_filtered=c.prompts_filtered,
+            versions_applied=tuple(u.version for u in c.weight_updates),
+            stall_seconds=tuple(u.stall_s for u in c.weight_updates),
+            transfer_seconds=tuple(u.transfer_s for u in c.weight_updates),
+            weight_rejections=c.weight_rejections,
+            generate_seconds=c.generate_seconds,
+            credit_wait_seconds=self._idle_seconds("credit_wait_seconds"),
+            prompt_wait_seconds=self._idle_seconds("prompt_wait_seconds"),
+            version_wait_seconds=self._idle_seconds("version_wait_seconds"),
+            unacked=self.client.unacked_count(),
+            engine_busy_s=time.monotonic() - started if started else 0.0,
+            rss_bytes=psutil.Process().memory_info().rss,
+        )
 
-    def stop(self, timeout_s: float = 60.0) -> dict:
+    def stop(self, timeout_s: float = 60.0) -> ActorStats:
         """Stop looping after the current generation and close the connection; returns ``stats()``.
 
         Groups not yet accepted by the learner are abandoned: their leases expire and the learner
@@ -202,7 +205,7 @@ class RolloutActor:
 
     # ------------------------------------------------------------------ sampling loop
 
-    def _sample_and_send(self, leases: list[PromptLease]) -> None:
+    def _sample_and_send(self, leases: list[Prompt]) -> None:
         # A lease that expired while we sampled it may come back to us while our group for it is still
         # on its way (or queued): the learner has that copy, so sampling the prompt again is waste.
         leases = [lease for lease in leases if not self.client.is_unacked(lease.group_id)]

@@ -11,7 +11,6 @@ child process, as the reward workers run them).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,6 +18,7 @@ import numpy as np
 from transformers import AutoTokenizer
 
 from actors.engine import RolloutEngine, SamplingSpec
+from actors.learner_client import Prompt
 from launch.config import ConfigError
 from launch.prompts import chat_prompt_rows
 from launch.run import Run
@@ -36,13 +36,6 @@ class Scorer(Protocol):
 
 
 
-@dataclass(frozen=True)
-class EvalExample:
-    prompt_ids: list[int]
-    text: str
-    metadata: dict
-
-
 def _passes(results: Sequence[ScoreResult]) -> list[bool]:
     return [r.reward is not None and r.reward > PASS_THRESHOLD for r in results]
 
@@ -55,7 +48,7 @@ def _mean_reward(results: Sequence[ScoreResult]) -> float:
 class Evaluator:
     """Scores one model on a fixed list of examples; reuse it across evaluations of one run."""
 
-    def __init__(self, hf_dir: Path, examples: Sequence[EvalExample], scorer: Scorer, *, k: int, max_tokens: int,
+    def __init__(self, hf_dir: Path, examples: Sequence[Prompt], scorer: Scorer, *, k: int, max_tokens: int,
                  temperature: float, max_model_len: int, kv_cache_gib: float, dtype: str, seed: int):
         """The keyword arguments come from the run config (launch.config.TandemConfig.eval_settings)."""
         if not examples:
@@ -104,7 +97,7 @@ def make_evaluator(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None
     if data is None:
         return None
     rows = chat_prompt_rows(data, tokenizer, limit=config.data.eval_examples, prompt_format=prompt_format)
-    examples = [EvalExample(r["prompt_ids"], r["text"], r["metadata"]) for r in rows]
+    examples = [Prompt(r.prompt_ids, r.text, r.metadata) for r in rows]  # the learner's → the engine's
     settings = config.eval_settings()
     if k is not None:
         settings["k"] = k

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from launch.config import ConfigError
 from learner.data import load_rows, pretrain_documents
+from learner.prompt_source import Prompt
 
 
 def chat_prompt_rows(path: str, tokenizer, *, split: str = "train", limit: int | None = None,
-                     prompt_format: str = "chat") -> list[dict]:
-    """RL/eval rows {prompt, answer, ...} → {prompt_ids, text, metadata}. prompt_ids is the chat template
+                     prompt_format: str = "chat") -> list[Prompt]:
+    """RL/eval rows {prompt, answer, ...} → Prompts (the learner's). prompt_ids is the chat template
     with the generation prompt ('chat'), or the text as a pretraining document begins ('raw': bos + text)."""
     rows = load_rows(path, split)
     if "prompt" not in rows.column_names:
@@ -23,5 +24,5 @@ def chat_prompt_rows(path: str, tokenizer, *, split: str = "train", limit: int |
             ids = tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}], tokenize=True,
                                                 add_generation_prompt=True, return_dict=False)
         metadata = {k: str(v) for k, v in row.items() if k != "prompt"}
-        out.append({"prompt_ids": list(ids), "text": row["prompt"], "metadata": metadata})
+        out.append(Prompt(list(ids), row["prompt"], metadata))
     return out

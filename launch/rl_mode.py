@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import socket
 from contextlib import ExitStack
+from dataclasses import asdict
 from typing import Any
 
 import ray
@@ -113,7 +114,8 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "mode": "rl", "steps": loop.step, "weight_version": loop.version, "hf_final": str(hf_dir),
         "accounting": accounting, "accounting_violations": balance_violations(accounting), "evals": evals,
-        "reward_stats": rollout_side.reward_stats, "actors": actor_stats, "supervisor": supervisor.report.as_dict(),
+        "reward_stats": asdict(rollout_side.reward_stats), "supervisor": supervisor.report.as_dict(),
+        "actors": {actor_id: asdict(stats) for actor_id, stats in actor_stats.items()},
         "fleet": {"name": config.rollout.fleet_name, "reattached": rollout_side.attached},
         "learner": loop.counts, "guard": {"events": loop.guard_events, "stopped": loop.stopped_by_guard},
     }

@@ -15,17 +15,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors.config import ActorConfig
 from actors.fleet import close_named_fleet, find_named_fleet, start_named_fleet
+from actors.stats import FleetInfo
 from launch.config import ConfigError
 from launch.run import Run
 from rewards.pool import RewardPool
+from rewards.types import RewardStats
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class RolloutSide:
     pool: RewardPool
     fleet: ray.actor.ActorHandle
     attached: bool  # re-attached to the fleet an earlier driver of this run started
-    reward_stats: dict[str, int] = field(default_factory=dict)  # the reward pool's, once closed
+    reward_stats: RewardStats | None = None  # the reward pool's, once closed
 
     def close(self) -> None:
         """Stop the actors, retire the reward workers (keeping their stats) and end the fleet."""
@@ -69,18 +70,18 @@ def open_rollout_side(run: Run, learner_address: str) -> RolloutSide:
     fleet = find_named_fleet(rollout.fleet_name)
     if fleet is not None:
         info = _describe(fleet)
-        if info is not None and info["run_key"] == key:
-            pool = RewardPool(spec, num_workers, actor_options=DETACHED, workers=info["reward_handles"])
+        if info is not None and info.run_key == key:
+            pool = RewardPool(spec, num_workers, actor_options=DETACHED, workers=info.reward_handles)
             moved = ray.get(fleet.attach.remote(learner_address))
             ray.get(fleet.scale.remote(rollout.num_actors))
             log.warning("re-attached to fleet %r left by an earlier driver of this run: actors %s now serve %s",
                         rollout.fleet_name, moved, learner_address)
             return RolloutSide(pool, fleet, attached=True)
-        if info is not None and info["idle_s"] < LIVE_DRIVER_S:
+        if info is not None and info.idle_s < LIVE_DRIVER_S:
             raise ConfigError(f"rollout.fleet_name {rollout.fleet_name!r} is in use by a running run "
-                              f"({info['run_key'].split('#')[0]}); give this run another rollout.fleet_name")
+                              f"({info.run_key.split('#')[0]}); give this run another rollout.fleet_name")
         log.warning("closing fleet %r left by another run or other settings (%s)", rollout.fleet_name,
-                    info["run_key"] if info else "not answering")
+                    info.run_key if info else "not answering")
         close_named_fleet(rollout.fleet_name)
     pool = RewardPool(spec, num_workers, actor_options=DETACHED)
     try:
@@ -93,7 +94,7 @@ def open_rollout_side(run: Run, learner_address: str) -> RolloutSide:
     return RolloutSide(pool, fleet, attached=False)
 
 
-def _describe(fleet: ray.actor.ActorHandle) -> dict[str, Any] | None:
+def _describe(fleet: ray.actor.ActorHandle) -> FleetInfo | None:
     try:
         return ray.get(fleet.describe.remote(), timeout=60)
     except (RayActorError, GetTimeoutError):

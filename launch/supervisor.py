@@ -24,11 +24,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from actors.stats import GivenUp, NoAnswer
 from learner.service import LearnerService
 
 log = logging.getLogger(__name__)
@@ -53,12 +54,13 @@ class Replacement:
 class SupervisorReport:
     replacements: list[Replacement] = field(default_factory=list)
     checks: int = 0
-    given_up: list[dict] = field(default_factory=list)  # the fleet's health()["given_up"]
+    given_up: tuple[GivenUp, ...] = ()  # the fleet's health().given_up
     fatal: str = ""  # why the run cannot go on (every slot given up)
 
     def as_dict(self) -> dict:
         return {"checks": self.checks, "replaced": sum(r.reason != "backoff" for r in self.replacements),
-                "replacements": [vars(r) for r in self.replacements], "given_up": self.given_up,
+                "replacements": [vars(r) for r in self.replacements],
+                "given_up": [asdict(g) for g in self.given_up],
                 "fatal": self.fatal}
 
 
@@ -105,17 +107,18 @@ class FleetSupervisor:
         # only registered actors: one still starting its engine cannot answer yet
         answering = sorted(a for a, view in registered.items() if not view.stale)
         stats = self._call(self.fleet.stats.remote(self.call_timeout_s, answering)) if answering else {}
-        dead = sorted(actor_id for actor_id, s in stats.items() if s.get("dead"))
+        unanswered = {actor_id: s for actor_id, s in stats.items() if isinstance(s, NoAnswer)}
+        dead = sorted(actor_id for actor_id, s in unanswered.items() if s.dead)
         done += self._replace(dead, "dead")
         # an actor that did not answer may have gone silent meanwhile (frozen process): say so
         stale_now = {a.actor_id for a in self.service.actors_status() if a.stale}
-        unanswered = {actor_id for actor_id, s in stats.items() if "error" in s} - set(dead)
-        done += self._replace(sorted(unanswered & stale_now), "silent")
+        done += self._replace(sorted((set(unanswered) - set(dead)) & stale_now), "silent")
         hung = sorted(actor_id for actor_id, s in stats.items() if actor_id not in stale_now | set(dead)
-                      and ("error" in s or s.get("engine_busy_s", 0.0) > self.generate_timeout_s))
+                      and (isinstance(s, NoAnswer) or s.engine_busy_s > self.generate_timeout_s))
         for actor_id in hung:
-            log.warning("rollout actor %s looks hung: %s", actor_id, stats[actor_id].get(
-                "error", f"one generate busy for {stats[actor_id].get('engine_busy_s', 0.0):.1f} s"))
+            s = stats[actor_id]
+            log.warning("rollout actor %s looks hung: %s", actor_id,
+                        s.error if isinstance(s, NoAnswer) else f"one generate busy for {s.engine_busy_s:.1f} s")
         done += self._replace(hung, "hung")
         self.report.checks += 1
         self._check_given_up()
@@ -130,11 +133,11 @@ class FleetSupervisor:
     def _check_given_up(self) -> None:
         """Report slots given up; with none left running or waiting, the fleet is finished: on_fatal."""
         health = self._call(self.fleet.health.remote())
-        self.report.given_up = health["given_up"]
-        if health["given_up"] and not health["actors"] and not health["pending"] and not self.report.fatal:
-            last = health["given_up"][-1]
+        self.report.given_up = health.given_up
+        if health.given_up and not health.actors and not health.pending and not self.report.fatal:
+            last = health.given_up[-1]
             self.report.fatal = (f"every rollout actor slot was given up after repeated crashes; last: actor "
-                                 f"{last['actor_id']}: {last['reason']}")
+                                 f"{last.actor_id}: {last.reason}")
             log.error("%s", self.report.fatal)
             if self.on_fatal is not None:
                 self.on_fatal(self.report.fatal)

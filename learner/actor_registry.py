@@ -57,29 +57,19 @@ class Capabilities:
 
 
 @dataclass
-class ActorView:
-    """What the learner knows of one actor (actors_status())."""
-
-    actor_id: str
-    weight_version: int
-    seconds_since_heartbeat: float
-    groups_in_flight: int
-    tokens_per_second: float
-    stale: bool
-    capabilities: dict[str, Any]
-    last_weight_report: dict[str, Any] | None
-
-
-@dataclass
 class ActorRecord:
-    """One registered actor. `holder` names its incarnation as the lease holder of its prompts."""
+    """What the learner knows of one actor: its registration and what it last reported. The learner's
+    one type for an actor's state (pb.ActorStatus carries it on the wire); actors_status() hands out
+    copies. `holder` names its incarnation as the lease holder of its prompts."""
 
     actor_id: str
     capabilities: Capabilities
     incarnation: int
     registration_id: str
     weight_version: int
-    last_seen: float
+    last_seen: float  # on `clock`
+    clock: Callable[[], float] = field(repr=False, compare=False)  # the registry's
+    timeout_s: float = field(compare=False)  # silent for longer: stale
     groups_in_flight: int = 0
     tokens_per_second: float = 0.0
     last_weight_report: dict[str, Any] | None = None
@@ -88,6 +78,15 @@ class ActorRecord:
     @property
     def holder(self) -> str:
         return f"{self.actor_id}#{self.incarnation}"
+
+    @property
+    def seconds_since_heartbeat(self) -> float:
+        return self.clock() - self.last_seen
+
+    @property
+    def stale(self) -> bool:
+        """Not heard from for the registry's actor_timeout_s."""
+        return self.seconds_since_heartbeat > self.timeout_s
 
 
 @dataclass(frozen=True)
@@ -126,13 +125,14 @@ class ActorRegistry:
             if presented_id in record.superseded:
                 raise Superseded(f"actor {actor_id!r}: this registration was superseded by a newer one")
             renewal = presented_id == record.registration_id
-        if record is None and not self._make_room(now):
+        if record is None and not self._make_room():
             raise RegistryFull(f"{self._max_actors} live actors are registered")
         registration_id, credential = self._minter.mint(actor_id)
         superseded_seen_s = None
         if record is None:
             self._incarnations += 1
-            record = ActorRecord(actor_id, capabilities, self._incarnations, registration_id, weight_version, now)
+            record = ActorRecord(actor_id, capabilities, self._incarnations, registration_id, weight_version, now,
+                                 self._clock, self._timeout_s)
             self._actors[actor_id] = record
         else:
             if renewal:
@@ -176,17 +176,12 @@ class ActorRegistry:
 
     def live_count(self) -> int:
         """Actors heard from within actor_timeout_s."""
-        now = self._clock()
-        return sum(now - r.last_seen <= self._timeout_s for r in self._actors.values())
+        return sum(not r.stale for r in self._actors.values())
 
-    def views(self) -> list[ActorView]:
-        now = self._clock()
-        return [
-            ActorView(r.actor_id, r.weight_version, now - r.last_seen, r.groups_in_flight, r.tokens_per_second,
-                      now - r.last_seen > self._timeout_s, dataclasses.asdict(r.capabilities),
-                      r.last_weight_report)
-            for _, r in sorted(self._actors.items())
-        ]
+    def records(self) -> list[ActorRecord]:
+        """A copy of every record, by actor id: the caller reads them outside the service's lock."""
+        return [dataclasses.replace(r, superseded=deque(r.superseded, maxlen=SUPERSEDED_KEPT))
+                for _, r in sorted(self._actors.items())]
 
     def _supersede(self, record: ActorRecord) -> None:
         """A new incarnation replaces `record`'s: its credential is remembered as superseded."""
@@ -196,12 +191,11 @@ class ActorRegistry:
         self._incarnations += 1
         record.incarnation = self._incarnations
 
-    def _make_room(self, now: float) -> bool:
+    def _make_room(self) -> bool:
         """Keep the table bounded: when full, forget actors silent for actor_timeout_s."""
         if len(self._actors) < self._max_actors:
             return True
-        silent = sorted((r.last_seen, actor_id) for actor_id, r in self._actors.items()
-                        if now - r.last_seen > self._timeout_s)
+        silent = sorted((r.last_seen, actor_id) for actor_id, r in self._actors.items() if r.stale)
         for _, actor_id in silent[: len(self._actors) - self._max_actors + 1]:
             record = self._actors.pop(actor_id)
             for registration_id in (record.registration_id, *record.superseded):

@@ -14,12 +14,13 @@ to send their groups again) and neither loses nor repeats a prompt.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,11 +40,18 @@ class PromptState(enum.Enum):
 
 
 @dataclass(frozen=True)
-class LeasedPrompt:
-    group_id: str
+class Prompt:
+    """One prompt of the dataset, and once leased the same prompt under its key: the learner's side
+    of the wire message pb.Prompt (actors.learner_client.Prompt is the actor's)."""
+
     prompt_ids: list[int]
-    text: str
-    metadata: dict[str, str]
+    """the tokens the actors sample a group from"""
+    text: str = ""
+    """the prompt as text, for the reward functions"""
+    metadata: dict[str, str] = field(default_factory=dict)
+    """what the reward functions need besides, e.g. the reference answer"""
+    group_id: str = ""
+    """the key it was leased under, f"{epoch}:{index}"; "" in the dataset"""
 
 
 @dataclass(frozen=True)
@@ -66,14 +74,12 @@ class _Lease:
 class PromptSource:
     """Leases the prompts of a dataset to actors with expiry, re-issue and exactly-once retirement.
 
-    `prompts` is a sequence of mappings with any of `prompt_ids` (list[int]), `text` (str) and
-    `metadata` (mapping; values are sent as strings). `epochs=None` cycles forever.
-    Thread-safe.
+    `prompts` is the dataset (launch/ builds it); `epochs=None` cycles forever. Thread-safe.
     """
 
     def __init__(
         self,
-        prompts: Sequence[Mapping[str, Any]],
+        prompts: Sequence[Prompt],
         *,
         epochs: int | None = 1,
         seed: int = 0,
@@ -99,7 +105,7 @@ class PromptSource:
 
     # ------------------------------------------------------------------ leasing
 
-    def lease(self, actor_id: str, max_prompts: int, lease_seconds: float) -> list[LeasedPrompt]:
+    def lease(self, actor_id: str, max_prompts: int, lease_seconds: float) -> list[Prompt]:
         """Up to `max_prompts` prompts for `actor_id`: expired or released ones first, then new ones."""
         with self._lock:
             now = self._clock()
@@ -124,7 +130,7 @@ class PromptSource:
                 self._leases[key] = _Lease(actor_id, now + lease_seconds)
                 keys.append(key)
             self._counts["prompts_leased"] += len(keys)
-            return [self._leased_prompt(key) for key in keys]
+            return [self.prompt(key) for key in keys]
 
     def exhausted(self) -> bool:
         """True when every epoch has been issued and no prompt is outstanding."""
@@ -153,12 +159,12 @@ class PromptSource:
                 return None
             return LeaseInfo(lease.actor_id, lease.earlier)
 
-    def prompt(self, group_id: str) -> Mapping[str, Any]:
-        """The dataset row of a known key."""
+    def prompt(self, group_id: str) -> Prompt:
+        """The prompt of a key this source issued, carrying that key."""
         parsed = self._parse(group_id)
         if parsed is None:
             raise KeyError(group_id)
-        return self._prompts[parsed[1]]
+        return dataclasses.replace(self._prompts[parsed[1]], group_id=group_id)
 
     def hold(self, group_id: str) -> None:
         """The prompt's group is queued: its lease no longer expires."""
@@ -287,12 +293,3 @@ class PromptSource:
         if lease is None:
             raise KeyError(f"prompt {group_id!r} is not outstanding")
         return lease
-
-    def _leased_prompt(self, key: str) -> LeasedPrompt:
-        row = self.prompt(key)
-        return LeasedPrompt(
-            group_id=key,
-            prompt_ids=[int(t) for t in row.get("prompt_ids") or ()],
-            text=str(row.get("text") or ""),
-            metadata={str(k): str(v) for k, v in (row.get("metadata") or {}).items()},
-        )

@@ -49,7 +49,6 @@ from learner.accounting import Accounting, balance_violations
 from learner.actor_registry import (
     ActorRecord,
     ActorRegistry,
-    ActorView,
     CredentialRefused,
     RegistryFull,
     UnknownCredential,
@@ -74,7 +73,7 @@ __all__ = [
     "ServiceConfig",
     "GroupRecord",
     "CompletionRecord",
-    "ActorView",
+    "ActorRecord",
     "balance_violations",
 ]
 
@@ -275,10 +274,10 @@ class LearnerService(rpc.LearnerServicer):
         with self._cond:
             return self._queue.depth
 
-    def actors_status(self) -> list[ActorView]:
+    def actors_status(self) -> list[ActorRecord]:
         """Every registered actor; `stale` ones have not been heard from for actor_timeout_s."""
         with self._cond:
-            return self._registry.views()
+            return self._registry.records()
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable exactly-once state for the checkpoint (prompts, counters, versions)."""
@@ -420,7 +419,7 @@ class LearnerService(rpc.LearnerServicer):
                         groups_in_flight=a.groups_in_flight,
                         tokens_per_second=a.tokens_per_second,
                     )
-                    for a in self._registry.views()
+                    for a in self._registry.records()
                 ],
                 accounting=pb.Accounting(
                     **{k: v for k, v in counts.items() if k in pb.Accounting.DESCRIPTOR.fields_by_name}
@@ -481,8 +480,7 @@ class LearnerService(rpc.LearnerServicer):
         group_id = record.group_id
         state = self._prompts.state(group_id)
         if state is PromptState.OUTSTANDING:
-            ids = [int(t) for t in self._prompts.prompt(group_id).get("prompt_ids") or ()]
-            facts = PromptFacts(state, ids, self._prompts.lease_info(group_id))
+            facts = PromptFacts(state, self._prompts.prompt(group_id).prompt_ids, self._prompts.lease_info(group_id))
         else:
             facts = PromptFacts(state)
         return decide(record, sender, facts, self._rules(), self._queue.full())

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rewards.scoring import CRASHED, TIMEOUT, Outcome, combine, plan_units
 from rewards.spec import RewardSpec
-from rewards.types import ScoreResult
+from rewards.types import RewardStats, ScoreResult
 
 # Extra wait for async units: their calls time out inside the child first, which keeps the
 # reasons per completion; the parent's limit only catches an event loop that user code blocked.
@@ -107,7 +107,8 @@ class IsolatedScorer:
         self._startup_timeout_s = startup_timeout_s
         self._names = [f.component_name for f in spec.functions]
         self._weights = [f.weight for f in spec.functions]
-        self._counts: collections.Counter[str] = collections.Counter()
+        self._counts: collections.Counter[str] = collections.Counter()  # scored, unscorable, restarts
+        self._failures: collections.Counter[str] = collections.Counter()  # by "<component>:<reason>"
         self._child = _Child(spec, startup_timeout_s)
 
     def score(self, prompt: str, completions: Sequence[tuple[str, list[int]]], metadata: dict
@@ -144,10 +145,10 @@ class IsolatedScorer:
             self._counts["scored" if result.scorable else "unscorable"] += 1
         return results
 
-    def stats(self) -> dict[str, int]:
-        """``scored`` / ``unscorable`` completions, ``<component>:<reason>`` per failed call,
-        ``restarts`` of the child."""
-        return dict(self._counts)
+    def stats(self) -> RewardStats:
+        """Completions scored and unscorable, failed calls by reason, restarts of the child."""
+        return RewardStats(scored=self._counts["scored"], unscorable=self._counts["unscorable"],
+                           restarts=self._counts["restarts"], failures=dict(self._failures))
 
     def close(self) -> None:
         self._child.kill()
@@ -156,7 +157,7 @@ class IsolatedScorer:
         for completion, outcome in zip(unit.completions, unit_outcomes, strict=True):
             outcomes[unit.component][completion] = outcome
             if outcome[1] is not None:
-                self._counts[f"{self._names[unit.component]}:{outcome[1]}"] += 1
+                self._failures[f"{self._names[unit.component]}:{outcome[1]}"] += 1
 
     def _restart(self) -> None:
         self._child.kill()

@@ -5,7 +5,6 @@ default) and owning one isolated child process (:mod:`rewards.isolation`). Rollo
 call :meth:`RewardPool.handles` directly: ``handle.score_group.remote(prompt, completions, metadata)``.
 """
 
-import collections
 import threading
 from collections.abc import Sequence
 
@@ -13,7 +12,7 @@ import ray
 
 from rewards.isolation import IsolatedScorer, RewardChildError
 from rewards.spec import RewardSpec, WeightedReward
-from rewards.types import ScoreResult
+from rewards.types import RewardStats, ScoreResult
 
 __all__ = ["RewardChildError", "RewardPool", "RewardSpec", "RewardWorker", "WeightedReward"]
 
@@ -44,8 +43,9 @@ class RewardWorker:
         self.ready()
         return self._scorer.score(prompt, completions, metadata)
 
-    def stats(self) -> dict[str, int]:
-        return self._scorer.stats() if self._scorer is not None else {}
+    def stats(self) -> RewardStats:
+        """What its child scored so far (nothing when the reward functions did not load)."""
+        return self._scorer.stats() if self._scorer is not None else RewardStats()
 
     def close(self) -> None:
         if self._scorer is not None:
@@ -68,7 +68,7 @@ class RewardPool:
         ray.get([worker.ready.remote() for worker in workers])  # dead or broken workers fail here
         self._workers: list[ray.actor.ActorHandle] = list(workers)
         self._in_flight: dict[ray.actor.ActorHandle, list[ray.ObjectRef]] = {worker: [] for worker in workers}
-        self._retired_stats: collections.Counter[str] = collections.Counter()
+        self._retired_stats = RewardStats()  # of the workers this pool retired
         self._lock = threading.Lock()
         self.scale(num_workers)
 
@@ -91,13 +91,9 @@ class RewardPool:
             self._in_flight[worker].append(ref)
             return ref
 
-    def stats(self) -> dict[str, int]:
-        """Summed over all workers, past ones included: ``scored`` / ``unscorable`` completions,
-        ``<component>:<reason>`` per failed call, ``restarts`` of child processes."""
-        total = collections.Counter(self._retired_stats)
-        for worker_stats in ray.get([worker.stats.remote() for worker in self.handles()]):
-            total.update(worker_stats)
-        return dict(total)
+    def stats(self) -> RewardStats:
+        """Summed over all workers, past ones included."""
+        return sum(ray.get([worker.stats.remote() for worker in self.handles()]), self._retired_stats)
 
     def scale(self, num_workers: int) -> None:
         """Start or retire workers until there are ``num_workers``; a retired worker first
@@ -134,8 +130,7 @@ class RewardPool:
         if not workers:
             return
         # Queued behind this pool's earlier calls to each worker, so those finish first.
-        for worker_stats in ray.get([worker.stats.remote() for worker in workers]):
-            self._retired_stats.update(worker_stats)
+        self._retired_stats = sum(ray.get([worker.stats.remote() for worker in workers]), self._retired_stats)
         ray.get([worker.close.remote() for worker in workers])
         for worker in workers:
             ray.kill(worker)

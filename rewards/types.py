@@ -1,6 +1,9 @@
-"""The result type reward workers hand to rollout actors."""
+"""The result type reward workers hand to rollout actors, and their counts of what they scored."""
 
-from dataclasses import dataclass
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
 
 # A completion "passes" when its reward exceeds this (the built-in answer rewards give 1 or 0): the
 # learner's pass_rate and the evaluator's pass@k both count with it.
@@ -26,3 +29,25 @@ class ScoreResult:
     @property
     def scorable(self) -> bool:
         return self.reward is not None
+
+
+@dataclass(frozen=True)
+class RewardStats:
+    """What reward scoring did (``IsolatedScorer.stats()``, ``RewardPool.stats()`` summed over workers).
+
+    ``a + b`` adds two counts, so a pool sums its workers' with ``sum(stats, RewardStats())``."""
+
+    scored: int = 0
+    """completions given a reward"""
+    unscorable: int = 0
+    """completions left without one"""
+    restarts: int = 0
+    """isolated child processes replaced after a timeout or a crash"""
+    failures: dict[str, int] = field(default_factory=dict)
+    """failed reward calls by ``<component>:<reason>``"""
+
+    def __add__(self, other: RewardStats) -> RewardStats:
+        failures = collections.Counter(self.failures)
+        failures.update(other.failures)
+        return RewardStats(self.scored + other.scored, self.unscorable + other.unscorable,
+                           self.restarts + other.restarts, dict(failures))

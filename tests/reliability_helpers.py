@@ -23,6 +23,10 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from actors.stats import ActorStats, NoAnswer
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -92,7 +96,7 @@ def start_fleet(run, address: str, num_actors: int):
     return pool, fleet
 
 
-def stop_fleet(pool, fleet) -> dict:
+def stop_fleet(pool, fleet) -> dict[str, ActorStats | NoAnswer]:
     """Shut the fleet and pool down; returns the last actor stats."""
     import ray
 

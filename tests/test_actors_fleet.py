@@ -16,7 +16,7 @@ from actors_helpers import chat_prompt, make_base_model, wait_for
 from config_helpers import actor_config, service_config
 
 from actors.fleet import set_actor_count, start_named_fleet
-from learner.prompt_source import PromptSource
+from learner.prompt_source import Prompt, PromptSource
 from learner.service import LearnerService
 from models.tokenizer import vocab_size_for
 from rewards.pool import RewardPool, RewardSpec, WeightedReward
@@ -59,8 +59,7 @@ class Trainer:
 @pytest.fixture(scope="module")
 def run(ray_session, tmp_path_factory):
     base = make_base_model(tmp_path_factory.mktemp("fleet") / "base")
-    rows = [{"prompt_ids": chat_prompt(f"{i}+{i}"), "text": f"{i}+{i}", "metadata": {"answer": str(2 * i)}}
-            for i in range(NUM_PROMPTS)]
+    rows = [Prompt(chat_prompt(f"{i}+{i}"), f"{i}+{i}", {"answer": str(2 * i)}) for i in range(NUM_PROMPTS)]
     service = LearnerService(PromptSource(rows, epochs=1, seed=0),
                              service_config(queue_capacity=4, group_size=G, lease_seconds=5.0,
                                             vocab_size=vocab_size_for(), heartbeat_interval_s=0.5))
@@ -91,7 +90,7 @@ def test_scaling_and_replacing_actors_mid_run_loses_and_repeats_nothing(run):
                          capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr[-2000:]
     assert cli.stdout.split() == ["actor-0", "actor-1"]
-    wait_for(lambda: ray.get(fleet.stats.remote())["actor-1"].get("tokens_generated", 0) > 0, timeout=90,
+    wait_for(lambda: getattr(ray.get(fleet.stats.remote())["actor-1"], "tokens_generated", 0) > 0, timeout=90,
              what="actor-1 sampling")
     trainer.gate.set()
     wait_for(lambda: trainer.by_actor()["actor-1"] >= 2, timeout=60, what="groups from actor-1")
@@ -115,7 +114,7 @@ def test_scaling_and_replacing_actors_mid_run_loses_and_repeats_nothing(run):
     assert service.accounting()["groups_consumed"] == NUM_PROMPTS
     assert set(trainer.by_actor()) == {"actor-0", "actor-1", "actor-2"}
     stats = ray.get(fleet.stats.remote())
-    assert set(stats) == {"actor-2"} and stats["actor-2"]["groups_sent"] >= 1
+    assert set(stats) == {"actor-2"} and stats["actor-2"].groups_sent >= 1
     # done sampling (dataset exhausted) but alive: it keeps its heartbeat, so it is not reported stale
     views = {v.actor_id: v for v in service.actors_status()}
     assert views["actor-2"].seconds_since_heartbeat < 3 * 0.5 + 1

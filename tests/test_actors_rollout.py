@@ -26,8 +26,9 @@ from config_helpers import actor_config, service_config
 
 import learner.service as service_module
 from actors.fleet import ActorFleet
+from actors.stats import ActorStats
 from launch.config import load_config
-from learner.prompt_source import PromptSource
+from learner.prompt_source import Prompt, PromptSource
 from learner.service import GroupRecord, LearnerService
 from models.tokenizer import vocab_size_for
 from rewards.pool import RewardPool, RewardSpec, WeightedReward
@@ -39,12 +40,11 @@ QUEUE_CAPACITY = 4
 LONG_PROMPT_INDEX = 5
 
 
-def dataset() -> list[dict]:
-    rows = [{"prompt_ids": chat_prompt(f"{a}+{b}"), "text": f"{a}+{b}", "metadata": {"answer": str(a + b)}}
+def dataset() -> list[Prompt]:
+    rows = [Prompt(chat_prompt(f"{a}+{b}"), f"{a}+{b}", {"answer": str(a + b)})
             for a, b in [(12, 30), (7, 8), (101, 5), (64, 64), (3, 999), (45, 54), (250, 250), (9, 1)]]
     long_text = "1+" * 10 + "1"  # 21 characters + 3 special tokens > MAX_PROMPT_TOKENS
-    rows[LONG_PROMPT_INDEX] = {"prompt_ids": chat_prompt(long_text), "text": long_text,
-                               "metadata": {"answer": "11"}}
+    rows[LONG_PROMPT_INDEX] = Prompt(chat_prompt(long_text), long_text, {"answer": "11"})
     return rows
 
 
@@ -62,7 +62,7 @@ class Rig:
         self.service.publish_weights(self.version, (tensors or load_tensors(self.dirs[name])).items())
         return self.version
 
-    def stats(self) -> dict:
+    def stats(self) -> ActorStats:
         return ray.get(self.actor.stats.remote())
 
     def consume(self, n: int, version: int | None = None, timeout: float = 300.0) -> list[GroupRecord]:
@@ -119,10 +119,10 @@ def test_actor_catches_up_then_groups_carry_g_completions_with_true_behaviour_lo
     records = rig.consume(4)  # the first groups of the run
     assert [r.policy_version for r in records] == [1] * 4, "sampled before catching up to version 1"
     stats = rig.stats()
-    assert stats["versions_applied"][0] == 1 and len(stats["stall_seconds"]) >= 1
+    assert stats.versions_applied[0] == 1 and len(stats.stall_seconds) >= 1
     for r in records:
         assert len(r.completions) == G
-        assert r.actor_id == stats["actor_id"]
+        assert r.actor_id == stats.actor_id
         for c in r.completions:
             assert len(c.token_ids) == len(c.logprobs) >= 1
             assert c.reward in (0.0, 1.0) and c.unscorable_reason is None  # exact_match scored it
@@ -131,11 +131,11 @@ def test_actor_catches_up_then_groups_carry_g_completions_with_true_behaviour_lo
 
 
 def test_new_version_is_applied_between_generations_and_changes_outputs(rig):
-    prompts = [row["prompt_ids"] for row in dataset()[:3]]
+    prompts = [row.prompt_ids for row in dataset()[:3]]
     before = ray.get(rig.actor.greedy.remote(prompts, 8))
     version = rig.publish("sharp_b" if rig.version % 2 else "sharp_c")
     name = "sharp_b" if version % 2 == 0 else "sharp_c"
-    wait_for(lambda: rig.stats()["version"] == version, what=f"actor applying version {version}")
+    wait_for(lambda: rig.stats().version == version, what=f"actor applying version {version}")
 
     after = ray.get(rig.actor.greedy.remote(prompts, 8))
     oracle = hf_model(rig.dirs[name])
@@ -162,10 +162,10 @@ def _wrong_shape(tensors):
 
 @pytest.mark.parametrize("corruption", ["nan", "wrong_shape", "flipped_byte"])
 def test_corrupted_publish_is_rejected_and_the_old_version_keeps_serving(rig, corruption, monkeypatch):
-    prompts = [row["prompt_ids"] for row in dataset()[:3]]
-    serving = rig.stats()["version"]
+    prompts = [row.prompt_ids for row in dataset()[:3]]
+    serving = rig.stats().version
     before = ray.get(rig.actor.greedy.remote(prompts, 8))
-    rejections = rig.stats()["weight_rejections"]
+    rejections = rig.stats().weight_rejections
     good = load_tensors(rig.dirs["sharp_a"])
     if corruption == "flipped_byte":
         # A corruption after the checksum was taken: one payload byte of the first chunk flips.
@@ -185,20 +185,20 @@ def test_corrupted_publish_is_rejected_and_the_old_version_keeps_serving(rig, co
         version = rig.publish("", {"nan": _nan, "wrong_shape": _wrong_shape}[corruption](good))
         expected_detail = {"nan": "non-finite", "wrong_shape": "shape"}[corruption]
 
-    wait_for(lambda: rig.stats()["weight_rejections"] > rejections, what="the actor rejecting the version")
+    wait_for(lambda: rig.stats().weight_rejections > rejections, what="the actor rejecting the version")
     report = wait_for(lambda: [v.last_weight_report for v in rig.service.actors_status()
                                if v.last_weight_report and v.last_weight_report["version"] == version],
                       what="the rejection report")[0]
     assert not report["applied"] and expected_detail in report["detail"]
-    assert rig.stats()["version"] == serving
+    assert rig.stats().version == serving
     assert ray.get(rig.actor.greedy.remote(prompts, 8)) == before
     assert rig.consume(1, version=serving)  # still sampling, with the old weights
 
 
 def test_too_long_prompts_are_reported_to_the_learner_not_sampled(rig):
-    long_ids = dataset()[LONG_PROMPT_INDEX]["prompt_ids"]
+    long_ids = dataset()[LONG_PROMPT_INDEX].prompt_ids
     wait_for(lambda: rig.service.accounting()["prompts_too_long"] >= 1, what="a prompt_too_long report")
-    assert rig.stats()["prompts_filtered"] >= 1
+    assert rig.stats().prompts_filtered >= 1
     records = rig.consume(len(dataset()))
     assert all(r.prompt_ids != long_ids for r in records)
     assert all(len(r.prompt_ids) <= MAX_PROMPT_TOKENS for r in records)
@@ -215,6 +215,6 @@ def test_backpressure_stops_the_actor_at_the_queue_bound_with_flat_memory(rig):
         samples.append((rig.service.queue_depth(), rig.stats()))
     assert all(depth <= QUEUE_CAPACITY for depth, _ in samples)
     last = samples[-1][1]
-    assert last["groups_sent"] - first["groups_sent"] <= 1, (first["groups_sent"], last["groups_sent"])
-    assert last["unacked"] <= QUEUE_CAPACITY + load_config(None).rollout.prompts_per_batch + 2
-    assert last["rss_bytes"] - first["rss_bytes"] < 32 * 2**20, (first["rss_bytes"], last["rss_bytes"])
+    assert last.groups_sent - first.groups_sent <= 1, (first.groups_sent, last.groups_sent)
+    assert last.unacked <= QUEUE_CAPACITY + load_config(None).rollout.prompts_per_batch + 2
+    assert last.rss_bytes - first.rss_bytes < 32 * 2**20, (first.rss_bytes, last.rss_bytes)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from wire_helpers import make_group
 
-from actors.learner_client import PromptLease
+from actors.learner_client import Prompt
 from learner.accounting import COUNTERS
 from learner.admission import (
     OUTCOME_COUNTERS,
@@ -28,7 +28,7 @@ from learner.tolerant_handlers import Undecodable
 from tandem_wire import pb
 
 PROMPT = [5, 6, 7, 8, 9]
-LEASE = PromptLease("0:3", PROMPT, "p", {"answer": "3"})
+LEASE = Prompt(PROMPT, "p", {"answer": "3"}, group_id="0:3")
 ME = Sender("actor-a", "actor-a#1", max_model_len=128)
 LIMITS = GroupLimits(latest_version=3, group_size=4, vocab_size=64)
 RULES = Rules(LIMITS, max_staleness=1)

@@ -21,7 +21,7 @@ from actors.config import RestartPolicy
 from actors.fleet import find_named_fleet, start_named_fleet
 from launch.supervisor import FleetSupervisor
 from learner.losses import LossConfig
-from learner.prompt_source import PromptSource
+from learner.prompt_source import Prompt, PromptSource
 from learner.rl_loop import NoRolloutsError, RLLoop
 from learner.service import LearnerService
 from rewards.pool import RewardPool, RewardSpec, WeightedReward
@@ -44,7 +44,7 @@ def test_a_crash_looping_actor_backs_off_is_given_up_and_the_run_stops_with_the_
     policy = RestartPolicy(backoff_s=BACKOFF_S, backoff_max_s=30, stable_after_s=300,
                            max_quick_failures=MAX_QUICK_FAILURES)
     fleet = start_named_fleet(config, "127.0.0.1:1", [], 1, name="crash-loop-test", restart=policy)
-    service = LearnerService(PromptSource([{"prompt_ids": [1, 2], "text": "p", "metadata": {}}]),
+    service = LearnerService(PromptSource([Prompt([1, 2], "p")]),
                              service_config(group_size=2))
     # the loop stops before any update, so the trainer is only asked which dynamic sampling it runs
     no_trainer = SimpleNamespace(loss_config=LossConfig())
@@ -72,9 +72,9 @@ def test_a_crash_looping_actor_backs_off_is_given_up_and_the_run_stops_with_the_
     for (death, start), backoff in zip(zip(deaths[1:3], delayed_starts, strict=True), (BACKOFF_S, 2 * BACKOFF_S),
                                        strict=True):
         assert start["at"] - death["at"] >= backoff - 0.05, (death, start)
-    assert health["actors"] == [] and health["pending"] == []
-    [given_up] = health["given_up"]
-    assert given_up["actor_id"] == "actor-3" and given_up["failures"] == MAX_QUICK_FAILURES + 1
+    assert health.actors == () and health.pending == {}
+    [given_up] = health.given_up
+    assert given_up.actor_id == "actor-3" and given_up.failures == MAX_QUICK_FAILURES + 1
     assert report["fatal"] and "actor-3" in report["fatal"]
     waits = [round(s["at"] - d["at"], 1) for d, s in zip(deaths[1:3], delayed_starts, strict=True)]
     print(f"\ncrash loop: 4 deaths, back-offs {waits} s, slot given up, run stopped {aborted_s:.0f} s after start")
@@ -89,7 +89,7 @@ def test_a_fleet_no_driver_touches_shuts_down_with_its_reward_workers(ray_sessio
         time.sleep(0.5)
         ray.get(fleet.touch.remote())
         stopped_touching = time.monotonic()
-    assert ray.get(fleet.describe.remote())["run_key"] == "run-a"
+    assert ray.get(fleet.describe.remote()).run_key == "run-a"
     wait_for(lambda: find_named_fleet("orphan-test") is None, timeout=30, what="the orphaned fleet to exit")
     gone_s = time.monotonic() - stopped_touching
     with pytest.raises(RayActorError):

@@ -87,7 +87,7 @@ def test_learner_killed_mid_run_resumes_and_actors_reconnect(ray_session, tmp_pa
     assert restart["version"] == restart["step"] + RESTART_VERSION_STRIDE > held, (restart, held)
     (actor_id, actor), = stats.items()
     # the same actor moved to the restored weights, and kept sampling for the restarted learner
-    applied = actor["versions_applied"]
+    applied = actor.versions_applied
     assert restart["version"] in applied[applied.index(held):], (applied, restart)
     redone = [g for step, entry in history.items() if step > restart["step"] for g in entry["groups"]]
     assert redone and all(actor_id == g[1] for g in redone)

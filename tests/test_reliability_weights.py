@@ -82,12 +82,12 @@ def test_broken_weight_pushes_leave_the_actor_on_its_last_complete_version(ray_s
     check_run(accounting, history, STEPS)
     for version in (CORRUPTED, CUT):
         assert seen[version]["serving"] == version - 1, seen  # still on the previous complete version
-        assert version not in stats["versions_applied"], stats["versions_applied"]
-        assert version + 1 in stats["versions_applied"], stats["versions_applied"]  # the next good one
-    assert stats["weight_rejections"] >= 2
+        assert version not in stats.versions_applied, stats.versions_applied
+        assert version + 1 in stats.versions_applied, stats.versions_applied  # the next good one
+    assert stats.weight_rejections >= 2
     assert not {g[2] for entry in history.values() for g in entry["groups"]} & {CORRUPTED, CUT}
     print(f"\nweight faults: 2 injected (corrupt chunk, cut stream), 2 rejected: "
-          f"{[seen[v]['detail'][:60] for v in (CORRUPTED, CUT)]}; versions applied {stats['versions_applied']}; "
+          f"{[seen[v]['detail'][:60] for v in (CORRUPTED, CUT)]}; versions applied {stats.versions_applied}; "
           f"consumed {accounting['groups_consumed']}, lost 0, stale {accounting['groups_stale']}")
 
 
@@ -97,12 +97,12 @@ import time
 
 import numpy as np
 
-from learner.prompt_source import PromptSource
+from learner.prompt_source import Prompt, PromptSource
 from config_helpers import service_config
 
 from learner.service import LearnerService
 
-service = LearnerService(PromptSource([{"prompt_ids": [1], "text": "p", "metadata": {}}]),
+service = LearnerService(PromptSource([Prompt([1], "p")]),
                          service_config(weight_chunk_bytes=1 << 20))
 print(service.start("127.0.0.1:0"), flush=True)
 rng = np.random.default_rng(0)

@@ -12,6 +12,7 @@ import pytest
 import ray
 
 from rewards.pool import RewardChildError, RewardPool, RewardSpec, WeightedReward
+from rewards.types import RewardStats
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 1.0
@@ -88,16 +89,18 @@ FAILURES = {
 @pytest.mark.parametrize("mode", sorted(FAILURES))
 def test_failure_is_unscorable_with_its_reason_and_the_pool_stays_healthy(misbehaving_pool, mode):
     reason, restarts_child = FAILURES[mode]
-    before = collections.Counter(misbehaving_pool.stats())
+    before = misbehaving_pool.stats()
     bad = misbehaving_pool.score_group_async("p", group("ok", mode, "ok"), {})
     good = [misbehaving_pool.score_group_async("p", group("ok", "ok"), {}) for _ in range(4)]
     assert [rewards_of(results) for results in ray.get(good)] == [[1.0, 1.0]] * 4
     assert rewards_of(ray.get(bad)) == [1.0, reason, 1.0]
     assert rewards_of(misbehaving_pool.score_group("p", group("ok"), {})) == [1.0]
-    change = collections.Counter(misbehaving_pool.stats())
-    change.subtract(before)
-    assert +change == collections.Counter({"scored": 2 + 8 + 1, "unscorable": 1, reason: 1,
-                                           "restarts": int(restarts_child)})
+    after = misbehaving_pool.stats()
+    assert (after.scored - before.scored, after.unscorable - before.unscorable,
+            after.restarts - before.restarts) == (2 + 8 + 1, 1, int(restarts_child))
+    failures = collections.Counter(after.failures)
+    failures.subtract(before.failures)
+    assert +failures == {reason: 1}
 
 
 def test_every_failure_in_one_group_spoils_only_its_own_completion(misbehaving_pool):
@@ -123,7 +126,7 @@ def test_weighted_components_batched_and_async_functions(ray_session, user_env):
         results = pool.score_group("p", completions, {"answer": "0.3"})
         # 0.5 * exact + 2 * 0.25 * len - rank(len); the async call of "5" s times out alone
         assert rewards_of(results) == [0.5 * 0 + 2.0 - 1.0, 0.5 * 1 + 4.0 - 2.0, "sleepy:timeout"]
-        assert pool.stats() == {"scored": 2, "unscorable": 1, "sleepy:timeout": 1}
+        assert pool.stats() == RewardStats(scored=2, unscorable=1, failures={"sleepy:timeout": 1})
     finally:
         pool.shutdown()
 
@@ -157,14 +160,14 @@ def test_scaling_handles_and_stats_survive_retired_workers(ray_session):
         assert all(rewards_of(results) == [1.0] for results in ray.get(refs))
         pool.scale(1)
         assert len(pool.handles()) == 1
-        assert pool.stats()["scored"] == 4 + 10
+        assert pool.stats().scored == 4 + 10
         pool.score_group("p", group("4"), {"answer": "4"})
-        assert pool.stats()["scored"] == 15
+        assert pool.stats().scored == 15
         with pytest.raises(ValueError, match="at least one"):
             pool.scale(0)
     finally:
         pool.shutdown()
-    assert pool.stats()["scored"] == 15
+    assert pool.stats().scored == 15
     with pytest.raises(RuntimeError, match="no workers"):
         pool.score_group("p", group("4"), {"answer": "4"})
 

@@ -83,7 +83,7 @@ def test_the_table_is_bounded_and_evicts_silent_actors_whose_credentials_stop_wo
     registry.touch(registry.authenticate(registry.register("b", CAPS, 0, None).credential))
     clock.now = 1.5  # a silent past the timeout, b heard from 0.7 s ago
     registry.register("c", CAPS, 0, None)
-    assert [v.actor_id for v in registry.views()] == ["b", "c"] and registry.live_count() == 2
+    assert [v.actor_id for v in registry.records()] == ["b", "c"] and registry.live_count() == 2
     with pytest.raises(UnknownCredential):
         registry.authenticate(a.credential)
     with pytest.raises(UnknownCredential):

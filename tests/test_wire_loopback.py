@@ -223,7 +223,7 @@ def test_heartbeats_track_actors_and_report_silent_ones_stale():
         views = {v.actor_id: v for v in service.actors_status()}
         assert not views["a"].stale and views["b"].stale
         assert views["a"].groups_in_flight == 3 and views["a"].tokens_per_second == 120.0
-        assert views["a"].capabilities["model_family"] == "qwen2"
+        assert views["a"].capabilities.model_family == "qwen2"
         a.close()
         b.close()
 

@@ -18,7 +18,7 @@ from actors.weight_staging import WeightTransferError, stage_weights
 from learner.accounting import GROUP_COUNTERS, balance_violations
 from learner.group_queue import GroupQueue, is_stale
 from learner.group_validation import GroupRecord
-from learner.prompt_source import MAX_EARLIER_HOLDERS, LeaseInfo, PromptSource, PromptState
+from learner.prompt_source import MAX_EARLIER_HOLDERS, LeaseInfo, Prompt, PromptSource, PromptState
 from learner.weight_publisher import ALIGNMENT, WeightPublisher, encode_chunk, pack_weights
 from tandem_wire import pb
 
@@ -217,8 +217,8 @@ def test_publisher_keeps_the_newest_version_and_older_ones_only_while_read():
 # ---------------------------------------------------------------- prompts
 
 
-def _rows(n: int) -> list[dict]:
-    return [{"prompt_ids": [i + 1, 2], "text": f"t{i}", "metadata": {"i": i}} for i in range(n)]
+def _rows(n: int) -> list[Prompt]:
+    return [Prompt([i + 1, 2], f"t{i}", {"i": str(i)}) for i in range(n)]
 
 
 def test_prompts_are_issued_in_a_seeded_shuffle_per_epoch_then_exhausted():

@@ -4,6 +4,7 @@ and exactly-once across a learner restart."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import threading
@@ -192,7 +193,7 @@ def test_a_prompt_rejected_as_too_long_is_retired_and_counted():
     """A prompt longer than the run's max_prompt_tokens, rejected by its holder, is retired (CONSUMED);
     the same rejection for a prompt within the limit is refused."""
     rows = make_prompts(3)
-    rows[1]["prompt_ids"] = rows[1]["prompt_ids"] * 2  # 10 tokens > MAX_PROMPT_TOKENS
+    rows[1] = dataclasses.replace(rows[1], prompt_ids=rows[1].prompt_ids * 2)  # 10 tokens > MAX_PROMPT_TOKENS
     with running_service(PromptSource(rows, epochs=1), max_prompt_tokens=MAX_PROMPT_TOKENS) as (service, address):
         actor = raw_actor(address)
         leases, _ = actor.lease(3)

@@ -16,7 +16,8 @@ import numpy as np
 import psutil
 from config_helpers import service_config
 
-from actors.learner_client import LearnerClient, PromptLease
+from actors.learner_client import LearnerClient, Prompt
+from learner import prompt_source
 from learner.accounting import balance_violations
 from learner.prompt_source import PromptSource
 from learner.service import LearnerService
@@ -44,20 +45,17 @@ class FakeClock:
         return self.now
 
 
-def make_prompts(n: int, length: int = 5, seed: int = 0) -> list[dict]:
+def make_prompts(n: int, length: int = 5, seed: int = 0) -> list[prompt_source.Prompt]:
+    """A learner's dataset of `n` random prompts of `length` tokens."""
     rng = np.random.default_rng(seed)
     return [
-        {
-            "prompt_ids": rng.integers(5, VOCAB, size=length).tolist(),
-            "text": f"prompt {i}",
-            "metadata": {"answer": str(i)},
-        }
+        prompt_source.Prompt(rng.integers(5, VOCAB, size=length).tolist(), f"prompt {i}", {"answer": str(i)})
         for i in range(n)
     ]
 
 
 def make_group(
-    lease: PromptLease,
+    lease: Prompt,
     actor_id: str,
     *,
     policy_version: int = 0,
@@ -204,11 +202,11 @@ class RawActor:
         self.credential = reply.credential
         return reply
 
-    def lease(self, n: int) -> tuple[list[PromptLease], bool]:
+    def lease(self, n: int) -> tuple[list[Prompt], bool]:
         reply = self.stub.LeasePrompts(
             pb.LeasePromptsRequest(wire_version=WIRE_VERSION, actor_id=self.actor_id, max_prompts=n),
             metadata=self.metadata(), timeout=10)
-        return [PromptLease(p.group_id, list(p.token_ids), p.text, dict(p.metadata)) for p in reply.prompts], \
+        return [Prompt(list(p.token_ids), p.text, dict(p.metadata), group_id=p.group_id) for p in reply.prompts], \
             reply.exhausted
 
     def exchange(self, groups: list[pb.ScoredGroup], credential: str | None = None) -> list[pb.GroupAck]:

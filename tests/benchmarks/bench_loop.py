@@ -31,6 +31,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from actors.stats import ActorStats
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -58,13 +62,13 @@ def core_split() -> tuple[set[int], set[int]] | None:
     return set(cores[:half]), set(cores[half:])
 
 
-def actor_window(before: dict, after: dict) -> dict[str, float]:
+def actor_window(before: ActorStats, after: ActorStats) -> dict[str, float]:
     """Counter differences of one actor between two stats() snapshots."""
-    out = {k: after[k] - before[k] for k in ACTOR_COUNTERS}
-    first = len(before["stall_seconds"])
-    out["stall_seconds"] = sum(after["stall_seconds"][first:])
-    out["transfer_seconds"] = list(after["transfer_seconds"][first:])
-    out["stalls"] = list(after["stall_seconds"][first:])
+    out = {k: getattr(after, k) - getattr(before, k) for k in ACTOR_COUNTERS}
+    first = len(before.stall_seconds)
+    out["stall_seconds"] = sum(after.stall_seconds[first:])
+    out["transfer_seconds"] = list(after.transfer_seconds[first:])
+    out["stalls"] = list(after.stall_seconds[first:])
     return out
 
 
@@ -98,7 +102,7 @@ def run(args: argparse.Namespace) -> dict:
             rows = chat_prompt_rows(prepared.train_data, AutoTokenizer.from_pretrained(prepared.model_dir),
                                     limit=rollout.prompts_per_batch * args.standalone_batches)
             standalone = measure_backend(
-                "vllm", prepared.model_dir, prompts=[r["prompt_ids"] for r in rows],
+                "vllm", prepared.model_dir, prompts=[r.prompt_ids for r in rows],
                 group_size=rollout.group_size, max_tokens=rollout.max_tokens, temperature=rollout.temperature,
                 repeats=2,
                 batch=rollout.prompts_per_batch, max_model_len=rollout.max_model_len, lengths=("natural",),
@@ -131,10 +135,10 @@ def run_loop(prepared, args: argparse.Namespace, split) -> dict:
     address = loop.start("127.0.0.1:0")
     fleet = ActorFleet(config.actor_config(prepared.model_dir), address, pool.handles())
     fleet.scale(rollout.num_actors)
-    marks: dict[str, tuple[float, dict]] = {}
+    marks: dict[str, tuple[float, dict[str, ActorStats]]] = {}
     waits: list[float] = []
 
-    def snapshot() -> tuple[float, dict]:
+    def snapshot() -> tuple[float, dict[str, ActorStats]]:
         stats = {a: ray.get(h.stats.remote()) for a, h in fleet.actors().items()}
         return time.perf_counter(), stats
 

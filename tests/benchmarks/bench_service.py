@@ -55,14 +55,17 @@ SERVER = """
 import json, sys
 config = json.loads(sys.argv[1])
 sys.path.insert(0, config.pop("root"))
-from learner.prompt_source import PromptSource
 from learner.service import LearnerService, ServiceConfig  # both trees have the name here
+from learner import prompt_source
+from learner.prompt_source import PromptSource
 if "server" in ServiceConfig.__dataclass_fields__:  # this tree: token and TLS are the server section's
     from learner.schema import ServerConfig
     config["server"] = ServerConfig(**{k: config.pop(k) for k in ("auth_token", "tls_cert_path", "tls_key_path")})
 prompt_tokens = config.pop("prompt_tokens")
 rows = [{"prompt_ids": [5 + (i + j) % 50 for j in range(prompt_tokens)], "text": str(i),
          "metadata": {"answer": str(i)}} for i in range(config["queue_capacity"])]
+if hasattr(prompt_source, "Prompt"):  # this tree's PromptSource takes Prompts, the baseline's dicts
+    rows = [prompt_source.Prompt(**row) for row in rows]
 service = LearnerService(PromptSource(rows, epochs=None), ServiceConfig(**config))
 print(service.start("127.0.0.1:0"), flush=True)
 sys.stdin.read()

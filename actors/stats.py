@@ -1,0 +1,103 @@
+"""What rollout actors and their fleet report across Ray: typed, so a caller reads fields, not keys.
+
+Light on import (no vLLM, no Ray at run time), so the driver, its supervisor and the tests use these
+types without loading an engine. ``dataclasses.asdict`` turns any of them into a run summary's JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ray
+
+
+@dataclass(frozen=True)
+class ActorStats:
+    """One rollout actor's counters (``RolloutActor.stats()``; ``run()`` and ``stop()`` return it too)."""
+
+    actor_id: str
+    """the actor's id in its fleet"""
+    version: int
+    """the weight version its engine serves"""
+    tokens_generated: int
+    """completion tokens sampled"""
+    tokens_per_second: float
+    """generated tokens per second of generate time"""
+    groups_sent: int
+    """scored groups handed to the learner client"""
+    prompts_filtered: int
+    """prompts refused as longer than its max_prompt_tokens"""
+    versions_applied: tuple[int, ...]
+    """each weight version it loaded, in order"""
+    stall_seconds: tuple[float, ...]
+    """per loaded version: time the engine could not sample (validating + loading)"""
+    transfer_seconds: tuple[float, ...]
+    """per loaded version: download + checksum, overlapped with sampling"""
+    weight_rejections: int
+    """versions it fetched but did not apply (transfer or validation failed)"""
+    generate_seconds: float
+    """time spent inside generate calls"""
+    credit_wait_seconds: float
+    """idle, blocked on the learner's credits (its queue is full)"""
+    prompt_wait_seconds: float
+    """idle, no prompt to lease"""
+    version_wait_seconds: float
+    """idle, sync mode: waiting for the next version"""
+    unacked: int
+    """groups sent without a final ack yet"""
+    engine_busy_s: float
+    """how long the running generate has been busy (0 when none): a supervisor replaces a stuck engine"""
+    rss_bytes: int
+    """resident memory of the actor's process"""
+
+
+@dataclass(frozen=True)
+class NoAnswer:
+    """An actor that did not answer ``stats()`` in time (``ActorFleet.stats()``)."""
+
+    error: str
+    """the failed call, as repr()"""
+    dead: bool
+    """its process is gone (else it is busy, or hung)"""
+
+
+@dataclass(frozen=True)
+class GivenUp:
+    """A slot whose actors kept dying right after they started."""
+
+    actor_id: str
+    """the last actor of the slot"""
+    failures: int
+    """quick deaths in a row"""
+    reason: str
+    """why it was given up, for the log and the run summary"""
+
+
+@dataclass(frozen=True)
+class FleetHealth:
+    """The fleet's slots (``ActorFleet.health()``): running, waiting out a back-off, given up."""
+
+    actors: tuple[str, ...]
+    """live actor ids, oldest first"""
+    pending: dict[str, float]
+    """dead actor id -> seconds until its replacement starts"""
+    given_up: tuple[GivenUp, ...]
+    """slots no longer restarted"""
+
+
+@dataclass(frozen=True)
+class FleetInfo:
+    """What a named fleet says of itself (``NamedFleet.describe()``), for a driver deciding to re-attach."""
+
+    run_key: str
+    """the run (and its actor and reward settings) it serves"""
+    idle_s: float
+    """seconds since a driver last touched it"""
+    learner_address: str
+    """where its actors send their groups"""
+    actors: tuple[str, ...]
+    """live actor ids"""
+    reward_handles: tuple[ray.actor.ActorHandle, ...]
+    """the reward workers it owns"""
