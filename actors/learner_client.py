@@ -41,6 +41,7 @@ __all__ = [
     "LearnerClient",
     "RegisterInfo",
     "PromptLease",
+    "LeaseReply",
     "LearnerUnavailable",
     "StagedWeights",
     "WeightTransferError",
@@ -77,6 +78,15 @@ class PromptLease:
     prompt_ids: list[int]
     text: str
     metadata: dict[str, str]
+
+
+@dataclass(frozen=True)
+class LeaseReply:
+    """What one LeasePrompts call got."""
+
+    prompts: list[PromptLease]
+    exhausted: bool  # the dataset is finished and no lease is outstanding anywhere
+    retry_after_s: float  # the learner's lease budget held prompts back: ask again after this (0 = no hint)
 
 
 class LearnerClient:
@@ -170,14 +180,15 @@ class LearnerClient:
             self._latest_version = reply.latest_version
         return reply.latest_version
 
-    def lease_prompts(self, max_prompts: int) -> tuple[list[PromptLease], bool]:
-        """Up to `max_prompts` prompts to sample, and whether the dataset is exhausted."""
+    def lease_prompts(self, max_prompts: int) -> LeaseReply:
+        """Up to `max_prompts` prompts to sample, whether the dataset is exhausted, and when to ask
+        again if the learner's lease budget held prompts back."""
         request = pb.LeasePromptsRequest(
             wire_version=WIRE_VERSION, actor_id=self.actor_id, max_prompts=max_prompts
         )
         reply = self._unary("LeasePrompts", request)
         leases = [PromptLease(p.group_id, list(p.token_ids), p.text, dict(p.metadata)) for p in reply.prompts]
-        return leases, reply.exhausted
+        return LeaseReply(leases, reply.exhausted, reply.retry_after_seconds)
 
     # ================================================================== groups
 
