@@ -41,7 +41,8 @@ class ActorConfig(BaseModel):
     dtype: str = Field(description="engine dtype (model.dtype)")
     seed: int = Field(description="sampling seed (the run's seed)")
     prompts_per_batch: int = Field(ge=1, description="prompts leased and sampled per engine call")
-    idle_poll_s: float = Field(gt=0, description="wait when the learner has no prompt to lease")
+    idle_poll_s: float = Field(gt=0, description="wait when the learner has no prompt to lease and sends "
+                                                  "no retry hint")
     weight_retry_s: float = Field(ge=0, description="wait before re-fetching a failed transfer")
     auth_token: str | None = Field(description="the run's shared token (server.auth_token)")
     tls_ca_path: str | None = Field(description="CA certificate of a TLS learner (server.tls_ca_path; None: "

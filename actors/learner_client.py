@@ -41,6 +41,7 @@ __all__ = [
     "LearnerClient",
     "RegisterInfo",
     "Prompt",
+    "LeaseReply",
     "LearnerUnavailable",
     "StagedWeights",
     "WeightTransferError",
@@ -84,6 +85,15 @@ class Prompt:
     """what the reward functions need besides, e.g. the reference answer"""
     group_id: str = ""
     """the learner's key of the lease, which the sampled group answers; "" when not leased"""
+
+
+@dataclass(frozen=True)
+class LeaseReply:
+    """What one LeasePrompts call got."""
+
+    prompts: list[Prompt]
+    exhausted: bool  # the dataset is finished and no lease is outstanding anywhere
+    retry_after_s: float  # the learner's lease budget held prompts back: ask again after this (0 = no hint)
 
 
 class LearnerClient:
@@ -177,14 +187,15 @@ class LearnerClient:
             self._latest_version = reply.latest_version
         return reply.latest_version
 
-    def lease_prompts(self, max_prompts: int) -> tuple[list[Prompt], bool]:
-        """Up to `max_prompts` prompts to sample, and whether the dataset is exhausted."""
+    def lease_prompts(self, max_prompts: int) -> LeaseReply:
+        """Up to `max_prompts` prompts to sample, whether the dataset is exhausted, and when to ask
+        again if the learner's lease budget held prompts back."""
         request = pb.LeasePromptsRequest(
             wire_version=WIRE_VERSION, actor_id=self.actor_id, max_prompts=max_prompts
         )
         reply = self._unary("LeasePrompts", request)
         leases = [Prompt(list(p.token_ids), p.text, dict(p.metadata), group_id=p.group_id) for p in reply.prompts]
-        return leases, reply.exhausted
+        return LeaseReply(leases, reply.exhausted, reply.retry_after_seconds)
 
     # ================================================================== groups
 

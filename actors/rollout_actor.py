@@ -17,7 +17,9 @@ baseline the asynchronous mode is measured against). It samples with v again onl
 rejected that whole batch (nothing left to wait for). Each actor then contributes one batch per
 version, so set ``prompts_per_step = num_actors × prompts_per_batch``.
 
-Idle time is counted (``stats()``): blocked on credits, waiting for prompts, waiting for a version.
+Idle time is counted (``stats()``): blocked on credits, waiting for prompts (the learner's lease
+budget allows (max_staleness + step + 1)·prompts_per_step prompts in use; a refused actor sleeps for
+the retry hint the learner sends, never spins), waiting for a version.
 
 Create it as a Ray actor through ``actors.fleet`` (resources ``{"rollout": 1}``, several concurrent
 calls so that ``stats()`` and ``stop()`` answer while ``run()`` loops).
@@ -39,7 +41,7 @@ import psutil
 from actors.config import ActorConfig
 from actors.engine import RolloutEngine, SamplingSpec, WeightSetError
 from actors.groups import PROMPT_TOO_LONG, rejected_group, scored_group
-from actors.learner_client import LearnerClient, LearnerUnavailable, Prompt, WeightTransferError
+from actors.learner_client import LearnerClient, LearnerUnavailable, LeaseReply, Prompt, WeightTransferError
 from actors.scoring import RewardScorer
 from actors.stats import ActorStats
 
@@ -137,17 +139,18 @@ class RolloutActor:
                     if self._stop.is_set():
                         break
                 try:
-                    leases, exhausted = self.client.lease_prompts(self.config.prompts_per_batch)
+                    reply = self.client.lease_prompts(self.config.prompts_per_batch)
                 except LearnerUnavailable as error:  # learner restarting: keep trying until stopped
                     log.warning("%s: lease failed: %s", self.actor_id, error)
-                    leases, exhausted = [], False
-                if not leases:
-                    if exhausted:
+                    reply = LeaseReply([], False, 0.0)
+                if not reply.prompts:
+                    if reply.exhausted:
                         break
+                    # the learner's lease budget is spent until its next step: wait as long as it says
                     with self._idle_time("prompt_wait_seconds"):
-                        self._stop.wait(self.config.idle_poll_s)
+                        self._stop.wait(reply.retry_after_s or self.config.idle_poll_s)
                     continue
-                self._sample_and_send(leases)
+                self._sample_and_send(reply.prompts)
         finally:
             self._idle.set()
         if self._fatal is not None:

@@ -100,7 +100,8 @@ class RolloutConfig(Section):
     max_model_len: int = Field(128, ge=2, description="the engines' context length")
     kv_cache_gib: float = Field(1.0, gt=0, description="KV cache of each actor's vLLM engine")
     prompts_per_batch: int = Field(4, ge=1, description="prompts leased and sampled per engine call")
-    idle_poll_s: float = Field(0.2, gt=0, description="wait when the learner has no prompt to lease")
+    idle_poll_s: float = Field(0.2, gt=0, description="wait when the learner has no prompt to lease "
+                                                     "and sends no retry hint")
     weight_retry_s: float = Field(5.0, ge=0, description="wait before re-fetching a failed transfer")
     num_cpus: float = Field(1.0, ge=0, description="Ray CPUs per actor (plus one 'rollout' resource)")
     sync: bool = Field(False, description="synchronous RL: sample one batch per weight version, then "
@@ -108,7 +109,9 @@ class RolloutConfig(Section):
                                           "actors/rollout_actor.py)")
     num_actors: int = Field(1, ge=0, description="rollout actors in the fleet")
     max_staleness: int = Field(1, ge=0, description="a group sampled more than this many weight versions "
-                                                    "behind the newest is dropped as stale")
+                                                    "behind the newest is dropped as stale; and (η) actors may "
+                                                    "hold at most (η + steps + 1) × train.prompts_per_step "
+                                                    "prompts leased, queued or trained on")
     publish_every: int = Field(1, ge=1, description="publish new weights every this many steps")
     queue_capacity: int = Field(64, ge=1, description="scored groups the learner holds; when full, actors "
                                                       "are told to retry")
@@ -175,8 +178,8 @@ class TandemConfig(Section):
         rollout, server = self.rollout, self.server
         return ServiceConfig(
             server=server, queue_capacity=rollout.queue_capacity, max_staleness=rollout.max_staleness,
-            group_size=rollout.group_size, lease_seconds=rollout.lease_seconds,
-            max_prompt_tokens=rollout.max_prompt_tokens, vocab_size=vocab_size,
+            prompts_per_step=self.train.prompts_per_step, group_size=rollout.group_size,
+            lease_seconds=rollout.lease_seconds, max_prompt_tokens=rollout.max_prompt_tokens, vocab_size=vocab_size,
             heartbeat_interval_s=rollout.heartbeat_interval_s, actor_timeout_s=rollout.actor_timeout_s, mode="rl")
 
     def loop_config(self) -> RLLoopConfig:

@@ -6,10 +6,19 @@ group sampled from it. A prompt is issued in a seeded shuffled order, leased to 
 and retired for good when its group is consumed (or the actor rejected it as too long). Because
 a re-issued prompt keeps its key, a late copy of its group is recognised as a duplicate.
 
+How many prompts may be in use at once is the lease budget's (learner/lease_budget.py): each
+outstanding prompt holds one slot unless its group was dropped (then the re-issue takes a new one),
+a consumed prompt keeps its slot, a rejected or untrained one gives it back. An expired lease keeps
+its slot until it is re-issued, so re-issuing it needs no allowance and a dead actor's prompts are
+never stuck behind a spent budget.
+
 Checkpointed state is compact: the cursor (epoch, position), the number of fully retired epochs
-and the retired indices of the others. Everything issued but not retired is outstanding, so a
-restored source re-creates those leases (with a fresh expiry, giving the actors that hold them time
-to send their groups again) and neither loses nor repeats a prompt.
+and the retired indices of the others, the budget's counts and the outstanding prompts that hold no
+slot. Everything issued but not retired is outstanding, so a restored source re-creates those leases
+(with a fresh expiry, giving the actors that hold them time to send their groups again) and neither
+loses nor repeats a prompt; the slots in use are what they were when the state was taken (queued
+groups the restore forgets keep theirs: their prompts are outstanding again), so a restored learner
+neither issues more than the bound nor waits for slots nobody holds.
 """
 
 from __future__ import annotations
@@ -20,12 +29,14 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-STATE_FORMAT = 1
+from learner.lease_budget import LeaseBudget
+
+STATE_FORMAT = 2
 MAX_EARLIER_HOLDERS = 8  # per outstanding prompt; a late copy from an older holder is refused
 
 
@@ -69,12 +80,14 @@ class _Lease:
     expires_at: float
     held: bool = False
     earlier: tuple[str, ...] = ()  # earlier holders, oldest first (at most MAX_EARLIER_HOLDERS)
+    slot: bool = True  # holds a slot of the lease budget (False once its group was dropped)
 
 
 class PromptSource:
     """Leases the prompts of a dataset to actors with expiry, re-issue and exactly-once retirement.
 
-    `prompts` is the dataset (launch/ builds it); `epochs=None` cycles forever. Thread-safe.
+    `prompts` is the dataset (launch/ builds it); `epochs=None` cycles forever. Leases are unbounded
+    until limit_leases() bounds them. Thread-safe.
     """
 
     def __init__(
@@ -102,26 +115,53 @@ class PromptSource:
         self._leases: dict[str, _Lease] = {}  # the outstanding prompts
         self._counts = {"prompts_leased": 0, "prompts_reissued": 0, "prompts_retired": 0}
         self._orders: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._budget = LeaseBudget()
 
     # ------------------------------------------------------------------ leasing
 
-    def lease(self, actor_id: str, max_prompts: int, lease_seconds: float) -> list[Prompt]:
-        """Up to `max_prompts` prompts for `actor_id`: expired or released ones first, then new ones."""
+    def limit_leases(self, prompts_per_step: int, max_staleness: int) -> None:
+        """Bound the slots in use to (max_staleness + step + 1)·prompts_per_step from now on
+        (learner/lease_budget.py); the learner service calls it with its config."""
+        with self._lock:
+            self._budget = replace(self._budget, prompts_per_step=prompts_per_step, max_staleness=max_staleness)
+
+    def allowance(self, step: int) -> int | None:
+        """Slots the budget still allows after `step` learner steps (None: unbounded)."""
+        with self._lock:
+            return self._budget.allowance(step)
+
+    def lease(self, actor_id: str, max_prompts: int, lease_seconds: float, step: int = 0) -> list[Prompt]:
+        """Up to `max_prompts` prompts for `actor_id`: expired or released ones first, then new ones.
+        Only the re-issue of an expired lease (which keeps its slot) is free; the others take a slot,
+        as many as the budget allows after `step` learner steps."""
         with self._lock:
             now = self._clock()
+            allowance = self._budget.allowance(step)
+            room = max_prompts if allowance is None else allowance
             keys: list[str] = []
             expired = sorted(
                 (lease.expires_at, key)
                 for key, lease in self._leases.items()
                 if not lease.held and lease.expires_at <= now
             )
-            for _, key in expired[:max_prompts]:
+            for _, key in expired:
+                if len(keys) == max_prompts:
+                    break
                 old = self._leases[key]
+                if old.slot:
+                    self._budget.give_back()  # the expired lease's slot goes to its re-issue
+                elif room:
+                    room -= 1
+                else:
+                    continue
+                self._budget.take()
                 earlier = old.earlier if old.actor_id in ("", *old.earlier) else (*old.earlier, old.actor_id)
                 self._leases[key] = _Lease(actor_id, now + lease_seconds, earlier=earlier[-MAX_EARLIER_HOLDERS:])
                 self._counts["prompts_reissued"] += 1
                 keys.append(key)
-            while len(keys) < max_prompts and not self._cursor_at_end():
+            while len(keys) < max_prompts and room and not self._cursor_at_end():
+                room -= 1
+                self._budget.take()
                 order, _ = self._order(self._epoch)
                 key = f"{self._epoch}:{int(order[self._pos])}"
                 self._pos += 1
@@ -167,22 +207,31 @@ class PromptSource:
         return dataclasses.replace(self._prompts[parsed[1]], group_id=group_id)
 
     def hold(self, group_id: str) -> None:
-        """The prompt's group is queued: its lease no longer expires."""
+        """The prompt's group is queued: its lease no longer expires (and it holds a slot again if a
+        drop had given it back: the late copy of an earlier holder)."""
         with self._lock:
-            self._outstanding(group_id).held = True
+            lease = self._outstanding(group_id)
+            if not lease.slot:
+                self._budget.take()
+            lease.held, lease.slot = True, True
 
     def release(self, group_id: str, holder: str | None = None) -> None:
-        """The prompt's group was dropped as stale: re-issue it at the next lease. With `holder`,
-        only if that actor holds the lease (a late copy from an earlier lease changes nothing)."""
+        """The prompt's group was dropped as stale: give its slot back and re-issue it at the next
+        lease. With `holder`, only if that actor holds the lease (a late copy from an earlier lease
+        changes nothing)."""
         with self._lock:
             lease = self._outstanding(group_id)
             if holder is None or lease.actor_id == holder:
+                self._give_back(lease)
                 lease.held, lease.expires_at = False, -math.inf
 
-    def retire(self, group_id: str) -> None:
-        """The prompt's group was consumed (or the prompt rejected): never lease it again."""
+    def retire(self, group_id: str, *, trained: bool = True) -> None:
+        """The prompt's group was consumed (or the prompt rejected): never lease it again. A group
+        not `trained` on (rejected, or retired for lack of signal) gives its slot back."""
         with self._lock:
-            self._outstanding(group_id)
+            lease = self._outstanding(group_id)
+            if not trained:
+                self._give_back(lease)
             epoch, index = self._parse(group_id)
             del self._leases[group_id]
             self._retired.setdefault(epoch, set()).add(index)
@@ -193,12 +242,14 @@ class PromptSource:
 
     def counts(self) -> dict[str, int]:
         with self._lock:
-            return {**self._counts, "prompts_outstanding": len(self._leases)}
+            return {**self._counts, "prompts_outstanding": len(self._leases),
+                    "lease_slots_in_use": self._budget.in_use}
 
     # ------------------------------------------------------------------ checkpointing
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable state: cursor, retired prompts and counters (leases are re-derived)."""
+        """JSON-serialisable state: cursor, retired prompts, counters and the budget's counts with the
+        outstanding prompts that hold no slot (leases are re-derived)."""
         with self._lock:
             return {
                 "format": STATE_FORMAT,
@@ -209,13 +260,17 @@ class PromptSource:
                 "complete_epochs": self._complete_epochs,
                 "retired": {str(epoch): sorted(indices) for epoch, indices in self._retired.items()},
                 "counts": {name: self._counts[name] for name in sorted(self._counts)},
+                "budget": self._budget.state_dict(),
+                "without_slot": sorted(key for key, lease in self._leases.items() if not lease.slot),
             }
 
     def load_state_dict(self, state: Mapping[str, Any], *, lease_seconds: float) -> None:
         """Restore a state_dict() of a source over the same dataset, epochs and seed.
 
         Prompts issued but not retired become outstanding again, leased to nobody for
-        `lease_seconds` (their actors may still send the groups), then re-issued.
+        `lease_seconds` (their actors may still send the groups), then re-issued; those whose group
+        had been dropped are re-issued at the next lease. Each holds the slot it held when the state
+        was taken, so the budget's slots in use are unchanged.
         """
         expected = {
             "format": STATE_FORMAT,
@@ -231,6 +286,8 @@ class PromptSource:
             self._complete_epochs = int(state["complete_epochs"])
             self._retired = {int(epoch): set(indices) for epoch, indices in state["retired"].items()}
             self._counts = {name: int(state["counts"][name]) for name in self._counts}
+            self._budget.load_state_dict(state["budget"])
+            without_slot = set(state["without_slot"])
             expires_at = self._clock() + lease_seconds
             self._leases = {}
             for epoch in range(self._complete_epochs, self._epoch + 1):
@@ -239,9 +296,18 @@ class PromptSource:
                 retired = self._retired.get(epoch, set())
                 for index in issued.tolist():
                     if index not in retired:
-                        self._leases[f"{epoch}:{index}"] = _Lease("", expires_at)
+                        key = f"{epoch}:{index}"
+                        if key in without_slot:  # dropped, waiting for re-issue: nobody will answer it
+                            self._leases[key] = _Lease("", -math.inf, slot=False)
+                        else:
+                            self._leases[key] = _Lease("", expires_at)
 
     # ------------------------------------------------------------------ internals
+
+    def _give_back(self, lease: _Lease) -> None:
+        if lease.slot:
+            self._budget.give_back()
+            lease.slot = False
 
     def _cursor_at_end(self) -> bool:
         return self._epochs is not None and self._epoch >= self._epochs

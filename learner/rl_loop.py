@@ -4,8 +4,9 @@
     start the gRPC service; publish the current weights as the current version
     repeat until `steps`:
         groups  ← service.next_batch(P)            validated, de-duplicated, fresh (≤ max_staleness)
-                  (dynamic_sampling='fill': zero-signal groups are retired and counted, and more
-                   are taken until P groups have signal or max_fill_batches·P were taken)
+                  (dynamic_sampling='fill': zero-signal groups are retired and counted, their lease
+                   slots given back, and more are taken until P groups have signal or
+                   max_fill_batches·P were taken)
         batch   ← assemble_rl_batch(groups)        padded arrays + group-relative advantages
         metrics ← trainer.rl_step(batch)           skipped (AdamW untouched) when nothing has signal
         service.mark_consumed(groups)              prompts retired; actors told CONSUMED
@@ -180,7 +181,7 @@ class RLLoop:
             if fill:
                 zero = [g for g in fresh if not has_signal([c.reward for c in g.completions])]
                 if zero:
-                    self.service.mark_consumed([g.group_id for g in zero])
+                    self.service.mark_consumed([g.group_id for g in zero], trained=False)
                     self.counts["groups_zero_signal_dropped"] += len(zero)
                     fresh = [g for g in fresh if g not in zero]
             groups += fresh

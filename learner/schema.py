@@ -178,6 +178,9 @@ class ServiceConfig:
     """scored groups held for the trainer; a full queue answers RETRY"""
     max_staleness: int
     """a group sampled more than this many versions behind the newest is STALE"""
+    prompts_per_step: int
+    """groups a learner step trains on (B): with max_staleness (η) it bounds the prompts in use to
+    (η + steps + 1)·B (learner/lease_budget.py); 0 = no bound"""
     group_size: int
     """completions per group; 0 = any number >= 1"""
     lease_seconds: float

@@ -1,6 +1,8 @@
 """The learner's gRPC server (tandem_wire `Learner` service) and the trainer-facing API.
 
-Actors register, heartbeat, lease prompts from the learner's PromptSource, stream scored groups
+Actors register, heartbeat, lease prompts from the learner's PromptSource (at most as many as the
+lease budget allows: (max_staleness + step + 1)·prompts_per_step in use, learner/lease_budget.py; an
+actor refused for lack of budget gets a hint for when to ask again), stream scored groups
 (answered per group with QUEUED / DUPLICATE / STALE / INVALID / RETRY plus credits, and later with
 CONSUMED), and pull versioned weights as a chunked stream ending in a checksummed commit.
 The trainer calls next_batch / mark_consumed / publish_weights / state_dict.
@@ -59,6 +61,7 @@ from learner.call_limits import AtCapacity, CallSlots, IdleReaper
 from learner.group_queue import GroupQueue, is_stale
 from learner.group_stream import GroupStream
 from learner.group_validation import CompletionRecord, GroupLimits, GroupRecord
+from learner.lease_budget import StepPace
 from learner.prompt_source import PromptSource, PromptState
 from learner.schema import ServiceConfig
 from learner.tolerant_handlers import Undecodable, add_tolerant_learner_servicer
@@ -130,6 +133,8 @@ class LearnerService(rpc.LearnerServicer):
     def __init__(self, prompts: PromptSource, config: ServiceConfig) -> None:
         self.config = cfg = config
         self._prompts = prompts
+        prompts.limit_leases(cfg.prompts_per_step, cfg.max_staleness)
+        self._pace = StepPace(time.monotonic())
         self._cond = threading.Condition(threading.RLock())
         self._queue = GroupQueue(cfg.queue_capacity)
         self._accounting = Accounting()
@@ -224,9 +229,10 @@ class LearnerService(rpc.LearnerServicer):
                     return batch
                 self._cond.wait(remaining)
 
-    def mark_consumed(self, group_ids: Iterable[str]) -> None:
-        """The groups were used in a training step: retire their prompts for good and tell their
-        actors (CONSUMED) so they forget them. Each id must have come from next_batch."""
+    def mark_consumed(self, group_ids: Iterable[str], *, trained: bool = True) -> None:
+        """The groups were used in a training step (or, not `trained`, retired without one, e.g. for
+        lack of signal: their lease slots go back to the budget): retire their prompts for good and
+        tell their actors (CONSUMED) so they forget them. Each id must have come from next_batch."""
         group_ids = list(group_ids)
         with self._cond:
             unknown = [g for g in group_ids if self._queue.handed_out(g) is None]
@@ -234,7 +240,7 @@ class LearnerService(rpc.LearnerServicer):
                 raise ValueError(f"not handed out by next_batch (or repeated): {unknown or group_ids}")
             for group_id in group_ids:
                 record = self._queue.finish(group_id)
-                self._prompts.retire(group_id)
+                self._prompts.retire(group_id, trained=trained)
                 self._accounting.add("groups_consumed")
                 self._notify_actor(record.actor_id, group_id, pb.ACK_STATUS_CONSUMED, "")
 
@@ -252,7 +258,10 @@ class LearnerService(rpc.LearnerServicer):
             self._latest_version = version
 
     def set_step(self, step: int) -> None:
+        """The learner has completed `step` steps: the lease budget grows to match."""
         with self._cond:
+            if step != self._step:
+                self._pace.stepped(time.monotonic())
             self._step = step
 
     @property
@@ -347,8 +356,10 @@ class LearnerService(rpc.LearnerServicer):
         max_prompts = min(check_int("max_prompts", request.max_prompts, 0), MAX_PROMPTS_PER_LEASE)
         with self._cond:
             holder = self._caller(context, actor_id).holder
-            leased = self._prompts.lease(holder, max_prompts, self.config.lease_seconds)
+            leased = self._prompts.lease(holder, max_prompts, self.config.lease_seconds, self._step)
             exhausted = self._prompts.exhausted()
+            held_back = len(leased) < max_prompts and self._prompts.allowance(self._step) == 0
+            retry_after = self._pace.retry_after(time.monotonic()) if held_back and not exhausted else 0.0
         return pb.LeasePromptsReply(
             prompts=[
                 pb.Prompt(group_id=p.group_id, token_ids=p.prompt_ids, text=p.text, metadata=p.metadata)
@@ -356,6 +367,7 @@ class LearnerService(rpc.LearnerServicer):
             ],
             exhausted=exhausted,
             lease_seconds=self.config.lease_seconds,
+            retry_after_seconds=retry_after,
         )
 
     @served
@@ -495,7 +507,7 @@ class LearnerService(rpc.LearnerServicer):
             self._sinks[sender.actor_id] = stream
             self._cond.notify_all()
         elif decision.effect is Effect.RETIRE:
-            self._prompts.retire(group_id)
+            self._prompts.retire(group_id, trained=False)
         elif decision.effect is Effect.RELEASE:
             self._prompts.release(group_id, holder=sender.holder)
         self._accounting.add_all(decision.counters)

@@ -214,14 +214,16 @@ class Prompt(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class LeasePromptsReply(_message.Message):
-    __slots__ = ("prompts", "exhausted", "lease_seconds")
+    __slots__ = ("prompts", "exhausted", "lease_seconds", "retry_after_seconds")
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     prompts: _containers.RepeatedCompositeFieldContainer[Prompt]
     exhausted: bool
     lease_seconds: float
-    def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., exhausted: _Optional[bool] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+    retry_after_seconds: float
+    def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., exhausted: _Optional[bool] = ..., lease_seconds: _Optional[float] = ..., retry_after_seconds: _Optional[float] = ...) -> None: ...
 
 class TensorSpec(_message.Message):
     __slots__ = ("name", "dtype", "shape", "offset", "nbytes")
@@ -324,7 +326,7 @@ class ActorStatus(_message.Message):
     def __init__(self, actor_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., groups_in_flight: _Optional[int] = ..., tokens_per_second: _Optional[float] = ...) -> None: ...
 
 class Accounting(_message.Message):
-    __slots__ = ("prompts_leased", "prompts_reissued", "groups_received", "groups_queued", "groups_consumed", "groups_duplicate", "groups_stale", "groups_invalid", "groups_retry", "completions_unscorable", "prompts_too_long", "groups_stale_on_arrival", "groups_stale_at_dequeue", "groups_in_queue", "groups_in_batch", "groups_forgotten_on_restart", "prompts_retired", "prompts_outstanding", "internal_errors", "lease_violations", "requests_invalid", "credentials_refused", "weight_reports_refused", "calls_refused_busy", "streams_idle_closed", "actors_superseded")
+    __slots__ = ("prompts_leased", "prompts_reissued", "groups_received", "groups_queued", "groups_consumed", "groups_duplicate", "groups_stale", "groups_invalid", "groups_retry", "completions_unscorable", "prompts_too_long", "groups_stale_on_arrival", "groups_stale_at_dequeue", "groups_in_queue", "groups_in_batch", "groups_forgotten_on_restart", "prompts_retired", "prompts_outstanding", "internal_errors", "lease_violations", "requests_invalid", "credentials_refused", "weight_reports_refused", "calls_refused_busy", "streams_idle_closed", "actors_superseded", "lease_slots_in_use")
     PROMPTS_LEASED_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_REISSUED_FIELD_NUMBER: _ClassVar[int]
     GROUPS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
@@ -351,6 +353,7 @@ class Accounting(_message.Message):
     CALLS_REFUSED_BUSY_FIELD_NUMBER: _ClassVar[int]
     STREAMS_IDLE_CLOSED_FIELD_NUMBER: _ClassVar[int]
     ACTORS_SUPERSEDED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SLOTS_IN_USE_FIELD_NUMBER: _ClassVar[int]
     prompts_leased: int
     prompts_reissued: int
     groups_received: int
@@ -377,7 +380,8 @@ class Accounting(_message.Message):
     calls_refused_busy: int
     streams_idle_closed: int
     actors_superseded: int
-    def __init__(self, prompts_leased: _Optional[int] = ..., prompts_reissued: _Optional[int] = ..., groups_received: _Optional[int] = ..., groups_queued: _Optional[int] = ..., groups_consumed: _Optional[int] = ..., groups_duplicate: _Optional[int] = ..., groups_stale: _Optional[int] = ..., groups_invalid: _Optional[int] = ..., groups_retry: _Optional[int] = ..., completions_unscorable: _Optional[int] = ..., prompts_too_long: _Optional[int] = ..., groups_stale_on_arrival: _Optional[int] = ..., groups_stale_at_dequeue: _Optional[int] = ..., groups_in_queue: _Optional[int] = ..., groups_in_batch: _Optional[int] = ..., groups_forgotten_on_restart: _Optional[int] = ..., prompts_retired: _Optional[int] = ..., prompts_outstanding: _Optional[int] = ..., internal_errors: _Optional[int] = ..., lease_violations: _Optional[int] = ..., requests_invalid: _Optional[int] = ..., credentials_refused: _Optional[int] = ..., weight_reports_refused: _Optional[int] = ..., calls_refused_busy: _Optional[int] = ..., streams_idle_closed: _Optional[int] = ..., actors_superseded: _Optional[int] = ...) -> None: ...
+    lease_slots_in_use: int
+    def __init__(self, prompts_leased: _Optional[int] = ..., prompts_reissued: _Optional[int] = ..., groups_received: _Optional[int] = ..., groups_queued: _Optional[int] = ..., groups_consumed: _Optional[int] = ..., groups_duplicate: _Optional[int] = ..., groups_stale: _Optional[int] = ..., groups_invalid: _Optional[int] = ..., groups_retry: _Optional[int] = ..., completions_unscorable: _Optional[int] = ..., prompts_too_long: _Optional[int] = ..., groups_stale_on_arrival: _Optional[int] = ..., groups_stale_at_dequeue: _Optional[int] = ..., groups_in_queue: _Optional[int] = ..., groups_in_batch: _Optional[int] = ..., groups_forgotten_on_restart: _Optional[int] = ..., prompts_retired: _Optional[int] = ..., prompts_outstanding: _Optional[int] = ..., internal_errors: _Optional[int] = ..., lease_violations: _Optional[int] = ..., requests_invalid: _Optional[int] = ..., credentials_refused: _Optional[int] = ..., weight_reports_refused: _Optional[int] = ..., calls_refused_busy: _Optional[int] = ..., streams_idle_closed: _Optional[int] = ..., actors_superseded: _Optional[int] = ..., lease_slots_in_use: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

@@ -27,7 +27,8 @@ G = 2
 
 
 class Trainer:
-    """Stands in for the learner's training loop: consumes groups one at a time while ``gate`` is open."""
+    """Stands in for the learner's training loop: consumes groups one at a time while ``gate`` is open,
+    each one a step (so the lease budget grows as the loop's would)."""
 
     def __init__(self, service: LearnerService, pace_s: float = 0.2):
         self.service = service
@@ -53,6 +54,7 @@ class Trainer:
             if batch:
                 self.service.mark_consumed([r.group_id for r in batch])
                 self.consumed += [(r.group_id, r.actor_id) for r in batch]
+                self.service.set_step(len(self.consumed))
                 time.sleep(self.pace_s)
 
 

@@ -18,6 +18,7 @@ LIGHT = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu
 
 def test_the_service_config_carries_the_run_config():
     config = load_config(None, ["rollout.queue_capacity=7", "rollout.max_staleness=0", "rollout.group_size=3",
+                                "train.prompts_per_step=5",
                                 "rollout.lease_seconds=9.5", "rollout.max_prompt_tokens=33",
                                 "rollout.heartbeat_interval_s=0.25", "rollout.actor_timeout_s=2",
                                 "server.auth_token=t0k", "server.tls_cert_path=/c.pem", "server.tls_key_path=/k.pem"])
@@ -27,7 +28,7 @@ def test_the_service_config_carries_the_run_config():
     assert service.server is config.server  # the service reads the run's server section whole
     assert (service.server.auth_token, service.server.tls_cert_path, service.server.tls_key_path) == (
         "t0k", "/c.pem", "/k.pem")
-    assert service.vocab_size == 151 and service.mode == "rl"
+    assert service.vocab_size == 151 and service.mode == "rl" and service.prompts_per_step == 5
 
 
 def test_the_loop_config_carries_the_run_config():

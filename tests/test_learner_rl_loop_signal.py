@@ -40,7 +40,7 @@ def _actor(address: str, stop: threading.Event, latest_version) -> None:
     client.register({**CAPABILITIES, "group_size": GROUP_SIZE, "max_model_len": 64}, weight_version=0)
     try:
         while not stop.is_set():
-            leases, _ = client.lease_prompts(4)
+            leases = client.lease_prompts(4).prompts
             for lease in leases:
                 if client.is_unacked(lease.group_id):  # re-issued after its lease expired; already sent
                     continue

@@ -40,7 +40,7 @@ STATUS_DEADLINE_S = 1.0
 def test_1_a_group_for_a_prompt_leased_to_another_actor_is_invalid_and_the_holders_is_consumed():
     with running_service() as (service, address):
         holder = connected_client(address, "holder")
-        (lease,), _ = holder.lease_prompts(1)
+        (lease,) = holder.lease_prompts(1).prompts
         impostor = raw_actor(address, "impostor")
         acks = impostor.exchange([
             make_group(lease, "impostor", seed=1),  # its own name, someone else's prompt
@@ -256,7 +256,7 @@ def test_7_one_token_holder_opening_300_idle_streams_starves_nobody():
             assert max(latencies) < STATUS_DEADLINE_S, latencies
             other = connected_client(address, "neighbour")  # heartbeat, lease and weights still served
             other.heartbeat(0)
-            assert len(other.lease_prompts(1)[0]) == 1
+            assert len(other.lease_prompts(1).prompts) == 1
             other.close()
         assert service.accounting()["calls_refused_busy"] == 298
         assert_honest_actor_served(service, address)

@@ -113,7 +113,7 @@ def test_a_new_registration_revokes_the_old_credential_its_open_stream_and_its_l
 def test_the_client_renews_its_credential_and_keeps_its_leases():
     with running_service() as (service, address):
         client = connected_client(address, "a")
-        (lease,), _ = client.lease_prompts(1)
+        (lease,) = client.lease_prompts(1).prompts
         client.register({"engine": "test", "model_family": "qwen2", "max_model_len": 128, "group_size": 4,
                          "host": "localhost"}, 0)  # e.g. run() called again: a renewal
         client.send_group(make_group(lease, "a"))
@@ -129,7 +129,7 @@ def test_the_client_renews_its_credential_and_keeps_its_leases():
 def test_a_superseded_client_stops_instead_of_taking_its_id_back():
     with running_service() as (service, address):
         client = connected_client(address, "a")
-        leases, _ = client.lease_prompts(2)
+        leases = client.lease_prompts(2).prompts
         client.send_group(make_group(leases[0], "a"))
         assert service.next_batch(1, timeout=10)[0].group_id == leases[0].group_id
         impostor = raw_actor(address, "a")

@@ -89,7 +89,9 @@ class RawChannel:
 
 def test_fuzzed_messages_never_take_the_server_down_and_memory_stays_bounded():
     rng = np.random.default_rng(1234)
-    config = dict(group_size=4, vocab_size=64, queue_capacity=16, max_group_bytes=MAX_GROUP_BYTES)
+    # prompts_per_step=0: fuzzed LeasePrompts calls lease without a budget (no learner steps here)
+    config = dict(group_size=4, vocab_size=64, queue_capacity=16, max_group_bytes=MAX_GROUP_BYTES,
+                  prompts_per_step=0)
     with server_process(**config) as (address, process):
         client = raw_actor(address, "fuzzer")
         leases, _ = client.lease(8)

@@ -25,7 +25,7 @@ from wire_helpers import (
     wait_until,
 )
 
-from actors.learner_client import LearnerClient, WeightTransferError
+from actors.learner_client import LearnerClient, LeaseReply, WeightTransferError
 from learner.accounting import balance_violations
 from learner.prompt_source import PromptSource
 from learner.service import LearnerService
@@ -33,11 +33,15 @@ from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
 
 
 def _consume_all(service: LearnerService, total: int, batch: int, consumed: list[str]) -> None:
+    """What the RL loop does: take a batch, consume it, count the step (the lease budget grows)."""
+    step = 0
     while len(consumed) < total:
         records = service.next_batch(batch, timeout=10)
         assert records, "trainer starved"
         service.mark_consumed([r.group_id for r in records])
         consumed.extend(r.group_id for r in records)
+        step += 1
+        service.set_step(step)
 
 
 def test_stream_of_groups_is_queued_then_consumed_exactly_once():
@@ -49,16 +53,17 @@ def test_stream_of_groups_is_queued_then_consumed_exactly_once():
         trainer.start()
         sent = 0
         while True:
-            leases, exhausted = client.lease_prompts(8)
-            if not leases:
-                break
-            for lease in leases:
+            reply = client.lease_prompts(8)
+            if not reply.prompts and not reply.retry_after_s:
+                break  # every prompt is leased
+            time.sleep(reply.retry_after_s)  # the lease budget: until the trainer's next step
+            for lease in reply.prompts:
                 client.send_group(make_group(lease, client.actor_id, seed=sent))
                 sent += 1
         assert client.drain(timeout=30), client.counts()
         trainer.join(timeout=30)
         assert sent == total and sorted(consumed) == sorted(f"0:{i}" for i in range(total))
-        assert client.lease_prompts(8) == ([], True)
+        assert client.lease_prompts(8) == LeaseReply([], True, 0.0)
         counts = client.counts()
         assert counts["queued"] == counts["consumed"] == counts["sent"] == total and counts["unacked"] == 0
         accounting = service.accounting()
@@ -74,7 +79,7 @@ def test_stream_of_groups_is_queued_then_consumed_exactly_once():
 def test_consumed_groups_carry_everything_the_trainer_needs():
     with running_service(PromptSource(make_prompts(4))) as (service, address):
         client = connected_client(address)
-        (lease,), _ = client.lease_prompts(1)
+        (lease,) = client.lease_prompts(1).prompts
         sent = make_group(lease, client.actor_id, seed=3)
         client.send_group(sent)
         (record,) = service.next_batch(1, timeout=10)
@@ -184,9 +189,11 @@ def test_corrupted_or_truncated_weight_streams_are_rejected(damage, error):
 
 
 def test_backpressure_stops_an_actor_at_the_queue_bound():
-    with running_service(PromptSource(make_prompts(40)), queue_capacity=6) as (service, address):
+    # the lease budget ((1 + 0 + 1) x 20) lets the actor lease all 40: the queue's capacity bounds what is held
+    with running_service(PromptSource(make_prompts(40)), queue_capacity=6, prompts_per_step=20) as (service,
+                                                                                                    address):
         client = connected_client(address)
-        leases, _ = client.lease_prompts(40)
+        leases = client.lease_prompts(40).prompts
         sent = 0
         with pytest.raises(TimeoutError):
             for lease in leases:
@@ -248,7 +255,7 @@ def test_a_client_retargeted_to_a_learner_on_a_new_address_resends_its_unacked_g
     prompts = make_prompts(8)
     with running_service(PromptSource(prompts)) as (old, old_address):
         client = connected_client(old_address, "mover")
-        leases, _ = client.lease_prompts(3)
+        leases = client.lease_prompts(3).prompts
         for lease in leases:
             client.send_group(make_group(lease, client.actor_id))
         wait_until(lambda: old.queue_depth() == 3, what="three groups queued at the old learner")
@@ -265,7 +272,7 @@ def test_a_client_retargeted_to_a_learner_on_a_new_address_resends_its_unacked_g
         new.mark_consumed([r.group_id for r in batch])
         assert sorted(r.group_id for r in batch) == sorted(lease.group_id for lease in leases)
         assert client.drain(10) and client.counts()["resent"] == 3
-        more, _ = client.lease_prompts(2)  # unary calls go to the new learner too
+        more = client.lease_prompts(2).prompts  # unary calls go to the new learner too
         assert len(more) == 2
     client.close()
 
@@ -278,7 +285,7 @@ def test_groups_leased_after_the_checkpoint_come_back_to_a_restored_learner_as_s
         client = connected_client(old_address, "survivor")
         client.lease_prompts(2)
         checkpoint = old.state_dict()
-        after, _ = client.lease_prompts(2)  # leased after the checkpoint
+        after = client.lease_prompts(2).prompts  # leased after the checkpoint
         client.close()
     restored = LearnerService(PromptSource(prompts), service_config(group_size=4, vocab_size=VOCAB))
     restored.load_state_dict(checkpoint)
@@ -294,7 +301,7 @@ def test_groups_leased_after_the_checkpoint_come_back_to_a_restored_learner_as_s
         assert rejections[after[0].group_id][0] == "stale", rejections
         assert "restarted" in rejections[after[0].group_id][1]
         assert rejections[after[1].group_id] == ("invalid", "group_id was never leased by this learner")
-        reissued = [lease.group_id for lease in client.lease_prompts(8)[0]]
+        reissued = [lease.group_id for lease in client.lease_prompts(8).prompts]
         assert after[0].group_id in reissued and after[1].group_id in reissued
         client.close()
 
@@ -302,7 +309,7 @@ def test_groups_leased_after_the_checkpoint_come_back_to_a_restored_learner_as_s
 def _assert_serves_groups_and_weights(service: LearnerService, client: LearnerClient) -> None:
     """A group goes from `client` to the trainer, and version 1 (published) comes back intact."""
     client.register(CAPABILITIES, 0)
-    (lease,), _ = client.lease_prompts(1)
+    (lease,) = client.lease_prompts(1).prompts
     client.send_group(make_group(lease, client.actor_id))
     assert service.next_batch(1, timeout=10)[0].group_id == lease.group_id
     _assert_bit_equal(_weights(1), client.fetch_weights())

@@ -259,6 +259,7 @@ def test_expired_and_released_leases_are_reissued_and_retired_prompts_never():
         "prompts_reissued": 3,
         "prompts_retired": 1,
         "prompts_outstanding": 3,
+        "lease_slots_in_use": 4,  # the 3 outstanding and the retired (trained) one
     }
     assert counts["prompts_leased"] - counts["prompts_reissued"] == 1 + 3
 

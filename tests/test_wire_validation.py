@@ -152,10 +152,10 @@ def test_stale_groups_are_dropped_on_arrival_and_at_dequeue_and_their_prompts_re
         assert "more than 1 behind 2" in acks[0].detail and acks[0].latest_version == 2
         # The stale group's prompt goes straight back out, to any actor.
         other = connected_client(address, "actor-1")
-        assert [p.group_id for p in other.lease_prompts(1)[0]] == [leases[0].group_id]
+        assert [p.group_id for p in other.lease_prompts(1).prompts] == [leases[0].group_id]
         # A queued group that goes stale before the trainer takes it is dropped at dequeue; its
         # actor hears STALE on its stream.
-        (lease,), _ = other.lease_prompts(1)
+        (lease,) = other.lease_prompts(1).prompts
         other.send_group(make_group(lease, "actor-1", policy_version=2))
         wait_until(lambda: service.queue_depth() == 2, what="second group queued")
         service.publish_weights(4, _tiny_weights())
@@ -225,9 +225,9 @@ def test_a_prompt_rejected_as_too_long_is_retired_and_counted():
 def test_an_expired_lease_is_reissued_and_exactly_one_copy_is_consumed(late_copy_first):
     with running_service(PromptSource(make_prompts(4)), lease_seconds=0.3) as (service, address):
         slow, fast = connected_client(address, "slow"), connected_client(address, "fast")
-        (lease,), _ = slow.lease_prompts(1)
+        (lease,) = slow.lease_prompts(1).prompts
         threading.Event().wait(0.4)  # the slow actor misses its lease
-        (reissued,), _ = fast.lease_prompts(1)
+        (reissued,) = fast.lease_prompts(1).prompts
         assert reissued.group_id == lease.group_id
         first, second = (slow, fast) if late_copy_first else (fast, slow)
         first.send_group(make_group(lease, first.actor_id, seed=1))
@@ -251,7 +251,7 @@ def test_learner_restart_resends_unacked_rejects_duplicates_and_consumes_exactly
     old = LearnerService(PromptSource(data, seed=5), config)
     address = old.start("127.0.0.1:0")
     client = connected_client(address)
-    leases, _ = client.lease_prompts(12)
+    leases = client.lease_prompts(12).prompts
     for i, lease in enumerate(leases):
         client.send_group(make_group(lease, client.actor_id, seed=i))
     wait_until(lambda: client.counts().get("queued") == 12, what="12 groups queued")
@@ -277,7 +277,7 @@ def test_learner_restart_resends_unacked_rejects_duplicates_and_consumes_exactly
         assert sorted(consumed) == sorted(lease.group_id for lease in leases)  # each exactly once
         counts = client.counts()
         assert counts["reconnects"] >= 1 and counts["resent"] == 8 and counts["unacked"] == 0
-        more, _ = client.lease_prompts(30)
+        more = client.lease_prompts(30).prompts
         assert len(more) == 18 and not {p.group_id for p in more} & set(consumed)  # nothing repeated
         accounting = new.accounting()
         assert accounting["groups_forgotten_on_restart"] == 5 and accounting["groups_consumed"] == 12

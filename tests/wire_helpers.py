@@ -124,7 +124,7 @@ def assert_honest_actor_served(service: LearnerService, address: str, actor_id: 
     ack) and the books balance exactly. Groups queued before it are consumed along the way."""
     client = connected_client(address, actor_id, **kwargs)
     try:
-        (lease,), _ = client.lease_prompts(1)
+        (lease,) = client.lease_prompts(1).prompts
         client.send_group(make_group(lease, actor_id, policy_version=service.latest_version))
         taken: list[str] = []
         while lease.group_id not in taken:

@@ -52,7 +52,7 @@ VOCAB, PROMPT_TOKENS, COMPLETION_TOKENS, GROUP_SIZE = 64, 16, 16, 8
 CAPABILITIES = dict(engine="bench", model_family="qwen2", max_model_len=128, group_size=GROUP_SIZE,
                     host="localhost")
 SERVER = """
-import json, sys
+import dataclasses, json, sys
 config = json.loads(sys.argv[1])
 sys.path.insert(0, config.pop("root"))
 from learner.service import LearnerService, ServiceConfig  # both trees have the name here
@@ -66,7 +66,9 @@ rows = [{"prompt_ids": [5 + (i + j) % 50 for j in range(prompt_tokens)], "text":
          "metadata": {"answer": str(i)}} for i in range(config["queue_capacity"])]
 if hasattr(prompt_source, "Prompt"):  # this tree's PromptSource takes Prompts, the baseline's dicts
     rows = [prompt_source.Prompt(**row) for row in rows]
-service = LearnerService(PromptSource(rows, epochs=None), ServiceConfig(**config))
+known = {field.name for field in dataclasses.fields(ServiceConfig)}  # the baseline's has fewer
+service = LearnerService(PromptSource(rows, epochs=None), ServiceConfig(**{k: v for k, v in config.items()
+                                                                          if k in known}))
 print(service.start("127.0.0.1:0"), flush=True)
 sys.stdin.read()
 """
@@ -84,10 +86,12 @@ def export_baseline(rev: str, dest: Path) -> Path:
 @contextlib.contextmanager
 def server(root: Path, groups: int) -> Iterator[tuple[str, psutil.Process]]:
     """A learner server whose code comes from `root`, with room to queue every group: (address, process)."""
-    # every field the current ServiceConfig requires, with the values the baseline's defaults had
+    # every field the current ServiceConfig requires, with the values the baseline's defaults had; no
+    # lease budget (prompts_per_step=0, a field the baseline lacks): every group is leased up front
     config = dict(root=str(root), prompt_tokens=PROMPT_TOKENS, queue_capacity=groups, group_size=GROUP_SIZE,
-                  vocab_size=VOCAB, max_staleness=1, lease_seconds=60.0, max_prompt_tokens=0, auth_token=None,
-                  heartbeat_interval_s=5.0, actor_timeout_s=30.0, tls_cert_path=None, tls_key_path=None)
+                  vocab_size=VOCAB, max_staleness=1, prompts_per_step=0, lease_seconds=60.0, max_prompt_tokens=0,
+                  auth_token=None, heartbeat_interval_s=5.0, actor_timeout_s=30.0, tls_cert_path=None,
+                  tls_key_path=None)
     process = subprocess.Popen([sys.executable, "-c", SERVER, json.dumps(config)], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True, cwd=root)
     try:

@@ -1,0 +1,53 @@
+"""The lease budget through a real learner server over loopback gRPC: an actor that asks for more than
+(η + s + 1)·B gets fewer or none and a retry hint; a rejection or an untrained group gives slots back,
+and after the learner's step advances the actor gets more."""
+
+from __future__ import annotations
+
+from wire_helpers import connected_client, make_group, make_prompts, running_service
+
+from learner.lease_budget import RETRY_MAX_S, RETRY_MIN_S
+from learner.prompt_source import PromptSource
+from tandem_wire import WIRE_VERSION, pb
+
+B, ETA = 4, 1
+
+
+def test_an_actor_asking_past_the_budget_gets_fewer_then_a_hint_then_more_after_a_step():
+    with running_service(PromptSource(make_prompts(64)), prompts_per_step=B, max_staleness=ETA) as (service, address):
+        client = connected_client(address)
+        first = client.lease_prompts(20)
+        assert len(first.prompts) == (ETA + 0 + 1) * B and not first.exhausted
+        assert RETRY_MIN_S <= first.retry_after_s <= RETRY_MAX_S  # fewer than asked: told when to ask again
+        refused = client.lease_prompts(5)
+        assert refused.prompts == [] and not refused.exhausted and refused.retry_after_s >= RETRY_MIN_S
+
+        # a prompt_too_long rejection retires its prompt and gives its slot back
+        lease = first.prompts[0]
+        client.send_group(pb.ScoredGroup(wire_version=WIRE_VERSION, group_id=lease.group_id,
+                                         actor_id=client.actor_id, prompt_token_ids=lease.prompt_ids,
+                                         rejected_reason="prompt_too_long"))
+        assert client.drain(10)
+        assert len(client.lease_prompts(5).prompts) == 1
+
+        service.set_step(1)  # the learner completed a step: B more
+        assert len(client.lease_prompts(20).prompts) == B
+
+        # groups the learner retires without training on them (no signal) give their slots back too
+        for i, leased in enumerate(first.prompts[1:5]):
+            client.send_group(make_group(leased, client.actor_id, seed=i))
+        batch = service.next_batch(4, timeout=10)
+        assert len(batch) == 4
+        service.mark_consumed([r.group_id for r in batch], trained=False)
+        assert len(client.lease_prompts(20).prompts) == 4
+        assert client.status().accounting.lease_slots_in_use == (ETA + 1 + 1) * B
+        client.close()
+
+
+def test_no_hint_when_the_budget_is_not_what_held_prompts_back():
+    source = PromptSource(make_prompts(2), epochs=1)
+    with running_service(source, prompts_per_step=B, max_staleness=ETA) as (_, address):
+        client = connected_client(address)
+        reply = client.lease_prompts(5)  # the dataset has only 2: asking again sooner would not help
+        assert len(reply.prompts) == 2 and reply.retry_after_s == 0.0
+        client.close()
