@@ -206,7 +206,7 @@ class RLLoop:
         counts = self.service.accounting()
         actors = self.service.actors_status()
         keys = ("groups_consumed", "groups_stale", "groups_duplicate", "groups_invalid",
-                "completions_unscorable", "prompts_too_long", "groups_in_queue")
+                "completions_unscorable", "prompts_too_long", "groups_in_queue", "lease_slots_in_use")
         live = {k: float(counts.get(k, 0)) for k in keys}
         live.update({k: float(v) for k, v in self.counts.items()})
         live["weight_version"] = float(self.version)
