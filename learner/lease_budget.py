@@ -1,7 +1,8 @@
 """How many prompts the learner may have in use: admission bounded by version, not by queue size.
 
 AReaL's rule (areal/core/staleness_manager.py). With B = prompts_per_step, η = max_staleness and s the
-learner steps completed, the prompts in use never exceed
+learner step at which the weights of the asking actor were published (at most the steps completed;
+learner.service picks it), a lease never takes the prompts in use past
 
     (η + s + 1) · B,        in use = issued - returned
 

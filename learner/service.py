@@ -142,6 +142,7 @@ class LearnerService(rpc.LearnerServicer):
         self._versions = WeightVersions()
         self._latest_version = 0
         self._step = 0
+        self._version_steps: dict[int, int] = {}  # published version -> the learner's step then
         self._registry = ActorRegistry(cfg.max_actors, cfg.actor_timeout_s)
         self._group_streams = CallSlots("group streams", cfg.max_streams, cfg.max_streams_per_actor)
         self._weight_streams = CallSlots("weight streams", cfg.max_weight_streams)
@@ -256,6 +257,7 @@ class LearnerService(rpc.LearnerServicer):
             self._weights.publish(weights)
             self._versions.published(version)
             self._latest_version = version
+            self._version_steps[version] = self._step
 
     def set_step(self, step: int) -> None:
         """The learner has completed `step` steps: the lease budget grows to match."""
@@ -355,10 +357,11 @@ class LearnerService(rpc.LearnerServicer):
         actor_id = request_checks.caller(_decoded(request))
         max_prompts = min(check_int("max_prompts", request.max_prompts, 0), MAX_PROMPTS_PER_LEASE)
         with self._cond:
-            holder = self._caller(context, actor_id).holder
-            leased = self._prompts.lease(holder, max_prompts, self.config.lease_seconds, self._step)
+            actor = self._caller(context, actor_id)
+            step = self._budget_step(actor)
+            leased = self._prompts.lease(actor.holder, max_prompts, self.config.lease_seconds, step)
             exhausted = self._prompts.exhausted()
-            held_back = len(leased) < max_prompts and self._prompts.allowance(self._step) == 0
+            held_back = len(leased) < max_prompts and self._prompts.allowance(step) == 0
             retry_after = self._pace.retry_after(time.monotonic()) if held_back and not exhausted else 0.0
         return pb.LeasePromptsReply(
             prompts=[
@@ -438,6 +441,18 @@ class LearnerService(rpc.LearnerServicer):
                 ),
                 mode=self.config.mode,
             )
+
+    def _budget_step(self, actor: ActorRecord) -> int:
+        """The learner step the lease budget counts from for `actor`: the step at which the version it
+        serves was published, at most the learner's own. An actor still sampling with older weights
+        gets the budget of its own version (AReaL, too, bounds by the rollout's version), so what it
+        leases is trained on before it falls more than max_staleness versions behind. A version this
+        learner did not publish (served before a restore) counts as the oldest one it did; before
+        any publish, the learner's step."""
+        if not self._version_steps:
+            return self._step
+        oldest = next(iter(self._version_steps.values()))
+        return min(self._version_steps.get(actor.weight_version, oldest), self._step)
 
     def _caller(self, context: grpc.ServicerContext, actor_id: str) -> ActorRecord:
         """The registered actor the call's credential names, which must be `actor_id`; heard from now."""

@@ -4,6 +4,7 @@ and after the learner's step advances the actor gets more."""
 
 from __future__ import annotations
 
+import numpy as np
 from wire_helpers import connected_client, make_group, make_prompts, running_service
 
 from learner.lease_budget import RETRY_MAX_S, RETRY_MIN_S
@@ -50,4 +51,21 @@ def test_no_hint_when_the_budget_is_not_what_held_prompts_back():
         client = connected_client(address)
         reply = client.lease_prompts(5)  # the dataset has only 2: asking again sooner would not help
         assert len(reply.prompts) == 2 and reply.retry_after_s == 0.0
+        client.close()
+
+
+def test_an_actor_still_serving_older_weights_gets_the_budget_of_its_own_version():
+    """The bound counts from the step the asking actor's version was published at, not the learner's
+    step: a lagging actor cannot lease prompts it would sample more than η versions behind."""
+    weights = [("w", np.zeros(4, np.float32))]
+    with running_service(PromptSource(make_prompts(64)), prompts_per_step=B, max_staleness=ETA) as (service, address):
+        service.publish_weights(0, weights)
+        client = connected_client(address)
+        assert len(client.lease_prompts(20).prompts) == (ETA + 0 + 1) * B
+        service.set_step(1)
+        service.publish_weights(1, weights)
+        lagging = client.lease_prompts(20)  # it still serves version 0, published at step 0
+        assert lagging.prompts == [] and lagging.retry_after_s >= RETRY_MIN_S
+        assert client.report_weights(1, applied=True)
+        assert len(client.lease_prompts(20).prompts) == B  # serving version 1 (step 1): B more
         client.close()
