@@ -96,10 +96,9 @@ import sys
 import time
 
 import numpy as np
+from config_helpers import service_config  # tests/ is on this child's path
 
 from learner.prompt_source import Prompt, PromptSource
-from config_helpers import service_config
-
 from learner.service import LearnerService
 
 service = LearnerService(PromptSource([Prompt([1], "p")]),
@@ -117,8 +116,9 @@ time.sleep(3600)
 def test_a_learner_killed_in_the_middle_of_a_push_leaves_the_previous_version_intact(monkeypatch):
     """SIGKILL the learner process while a client is receiving a version: the fetch fails (no
     half-received version is ever returned) and the previously staged version is untouched."""
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
     learner = subprocess.Popen([sys.executable, "-c", LEARNER_PROCESS], cwd=ROOT, text=True, stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                               stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path})
     try:
         address = learner.stdout.readline().strip()
 
