@@ -194,6 +194,8 @@ class LearnerClient:
             wire_version=WIRE_VERSION, actor_id=self.actor_id, max_prompts=max_prompts
         )
         reply = self._unary("LeasePrompts", request)
+        with self._cond:
+            self._latest_version = reply.latest_version  # the weights thread loads a newer one at once
         leases = [Prompt(list(p.token_ids), p.text, dict(p.metadata), group_id=p.group_id) for p in reply.prompts]
         return LeaseReply(leases, reply.exhausted, reply.retry_after_seconds)
 

@@ -61,7 +61,7 @@ from learner.call_limits import AtCapacity, CallSlots, IdleReaper
 from learner.group_queue import GroupQueue, is_stale
 from learner.group_stream import GroupStream
 from learner.group_validation import CompletionRecord, GroupLimits, GroupRecord
-from learner.lease_budget import StepPace
+from learner.lease_budget import RETRY_MIN_S, StepPace
 from learner.prompt_source import PromptSource, PromptState
 from learner.schema import ServiceConfig
 from learner.tolerant_handlers import Undecodable, add_tolerant_learner_servicer
@@ -362,7 +362,11 @@ class LearnerService(rpc.LearnerServicer):
             leased = self._prompts.lease(actor.holder, max_prompts, self.config.lease_seconds, step)
             exhausted = self._prompts.exhausted()
             held_back = len(leased) < max_prompts and self._prompts.allowance(step) == 0
-            retry_after = self._pace.retry_after(time.monotonic()) if held_back and not exhausted else 0.0
+            retry_after = 0.0
+            if held_back and not exhausted:  # its old weights hold it back: it asks again once it loaded ours
+                lagging = step < self._step and self._prompts.allowance(self._step) != 0
+                retry_after = RETRY_MIN_S if lagging else self._pace.retry_after(time.monotonic())
+            latest_version = self._latest_version
         return pb.LeasePromptsReply(
             prompts=[
                 pb.Prompt(group_id=p.group_id, token_ids=p.prompt_ids, text=p.text, metadata=p.metadata)
@@ -371,6 +375,7 @@ class LearnerService(rpc.LearnerServicer):
             exhausted=exhausted,
             lease_seconds=self.config.lease_seconds,
             retry_after_seconds=retry_after,
+            latest_version=latest_version,
         )
 
     @served

@@ -214,16 +214,18 @@ class Prompt(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class LeasePromptsReply(_message.Message):
-    __slots__ = ("prompts", "exhausted", "lease_seconds", "retry_after_seconds")
+    __slots__ = ("prompts", "exhausted", "lease_seconds", "retry_after_seconds", "latest_version")
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LATEST_VERSION_FIELD_NUMBER: _ClassVar[int]
     prompts: _containers.RepeatedCompositeFieldContainer[Prompt]
     exhausted: bool
     lease_seconds: float
     retry_after_seconds: float
-    def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., exhausted: _Optional[bool] = ..., lease_seconds: _Optional[float] = ..., retry_after_seconds: _Optional[float] = ...) -> None: ...
+    latest_version: int
+    def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., exhausted: _Optional[bool] = ..., lease_seconds: _Optional[float] = ..., retry_after_seconds: _Optional[float] = ..., latest_version: _Optional[int] = ...) -> None: ...
 
 class TensorSpec(_message.Message):
     __slots__ = ("name", "dtype", "shape", "offset", "nbytes")

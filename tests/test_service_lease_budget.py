@@ -65,7 +65,8 @@ def test_an_actor_still_serving_older_weights_gets_the_budget_of_its_own_version
         service.set_step(1)
         service.publish_weights(1, weights)
         lagging = client.lease_prompts(20)  # it still serves version 0, published at step 0
-        assert lagging.prompts == [] and lagging.retry_after_s >= RETRY_MIN_S
+        # none, but it learns of version 1 from the reply and is told to ask again as soon as it loaded it
+        assert lagging.prompts == [] and lagging.retry_after_s == RETRY_MIN_S and client.latest_version == 1
         assert client.report_weights(1, applied=True)
         assert len(client.lease_prompts(20).prompts) == B  # serving version 1 (step 1): B more
         client.close()
