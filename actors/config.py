@@ -19,37 +19,41 @@ ENGINE_ENV = {
 }
 
 
-class ActorConfig(BaseModel):
-    """Engine, sampling and pacing settings shared by every actor of a fleet.
-
-    Every field comes from the run config: launch.config.TandemConfig.actor_config derives it (the
-    same-named `rollout.*` key documents it, except where a field says otherwise), so no default is
-    repeated here."""
+class EngineSettings(BaseModel):
+    """The actors' engine, sampling and pacing settings: the run config's `rollout.*` keys that the
+    actors read, declared here once (launch.config.RolloutConfig extends this class with the learner's
+    and the fleet's keys). A new actor option is one field here plus its use in actors/."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    group_size: int = Field(8, ge=1, description="completions per prompt (G)")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature (also the learner's logits)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
+    max_tokens: int = Field(16, ge=1, description="completion tokens at most")
+    stop: list[str] = Field([], description="stop strings")
+    stop_token_ids: list[int] = Field([], description="stop token ids")
+    max_prompt_tokens: int = Field(48, ge=1, description="longer prompts are rejected, not sampled")
+    max_model_len: int = Field(128, ge=2, description="the engines' context length")
+    kv_cache_gib: float = Field(1.0, gt=0, description="KV cache of each actor's vLLM engine")
+    prompts_per_batch: int = Field(4, ge=1, description="prompts leased and sampled per engine call")
+    idle_poll_s: float = Field(0.2, gt=0, description="wait when the learner has no prompt to lease and sends "
+                                                     "no retry hint")
+    weight_retry_s: float = Field(5.0, ge=0, description="wait before re-fetching a failed transfer")
+    num_cpus: float = Field(1.0, ge=0, description="Ray CPUs per actor (plus one 'rollout' resource)")
+    sync: bool = Field(False, description="synchronous RL: sample one batch per weight version, then wait for "
+                                          "the next (needs max_staleness=0; see actors/rollout_actor.py)")
+
+
+class ActorConfig(EngineSettings):
+    """What one rollout actor runs: the run's engine settings plus what only the run knows, all
+    derived by launch.config.TandemConfig.actor_config."""
+
     hf_dir: str = Field(description="HF model dir the engine starts from (weight version 0)")
-    group_size: int = Field(ge=1, description="completions per prompt (G)")
-    temperature: float = Field(gt=0, description="sampling temperature")
-    top_p: float = Field(gt=0, le=1, description="nucleus sampling mass")
-    max_tokens: int = Field(ge=1, description="completion tokens at most")
-    stop: list[str] = Field(description="stop strings")
-    stop_token_ids: list[int] = Field(description="stop token ids")
-    max_prompt_tokens: int = Field(ge=1, description="longer prompts are rejected, not sampled")
-    max_model_len: int = Field(ge=2, description="the engine's context length")
-    kv_cache_gib: float = Field(gt=0, description="the engine's KV cache")
     dtype: str = Field(description="engine dtype (model.dtype)")
     seed: int = Field(description="sampling seed (the run's seed)")
-    prompts_per_batch: int = Field(ge=1, description="prompts leased and sampled per engine call")
-    idle_poll_s: float = Field(gt=0, description="wait when the learner has no prompt to lease and sends "
-                                                  "no retry hint")
-    weight_retry_s: float = Field(ge=0, description="wait before re-fetching a failed transfer")
     auth_token: str | None = Field(description="the run's shared token (server.auth_token)")
     tls_ca_path: str | None = Field(description="CA certificate of a TLS learner (server.tls_ca_path; None: "
                                                 "plaintext)")
-    num_cpus: float = Field(ge=0, description="Ray CPUs per actor (plus one 'rollout' resource)")
-    sync: bool = Field(description="synchronous RL: sample one batch per weight version, then wait for the "
-                                   "next (see actors/rollout_actor.py)")
 
 
 class RestartPolicy(BaseModel):

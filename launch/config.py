@@ -7,9 +7,10 @@ argument. Sections that belong to one role are that role's own types, declared i
 and handed to it whole: `train` (learner.schema.TrainConfig, read by the RL loop), `server`
 (learner.schema.ServerConfig, read by the service), `algo`, `optim`, `mesh` (learner.schema),
 `train.guard` (learner.guard), `rollout.restart` (actors.config), `rewards` (rewards.spec). A new
-option there is one field in its section plus its use. The `rollout` section is shared by the
-actors and the learner's admission; the actors' part of it is picked by name (ActorConfig's
-fields), the learner's is derived below. Every default lives once, and each field is documented
+option there is one field in its section plus its use. The `rollout` section is shared: its class
+extends the actors' (actors.config.EngineSettings, picked by name into each ActorConfig) and the
+service's (learner.schema.AdmissionSettings, handed to it whole), so a new option there, too, is one
+field in its owner's class plus its use. Every default lives once, and each field is documented
 where it is declared; `config_help()` (printed by every entrypoint's `--help`) lists them all.
 
 Every section forbids unknown keys, so a typo fails at start with the key's full dotted name; a
@@ -28,8 +29,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from actors.config import FLEET_NAME, ActorConfig, RestartPolicy
+from actors.config import FLEET_NAME, ActorConfig, EngineSettings, RestartPolicy
 from learner.schema import (
+    AdmissionSettings,
     LossConfig,
     MeshConfig,
     OptimizerConfig,
@@ -86,39 +88,14 @@ class DataConfig(Section):
     eval_examples: int = Field(256, ge=1, description="held-out examples evaluated at most")
 
 
-class RolloutConfig(Section):
-    """The rollout actors' engine and sampling settings, the learner server's admission limits and the
-    fleet's supervision (rl)."""
+class RolloutConfig(EngineSettings, AdmissionSettings, Section):
+    """The rollout actors' engine and sampling settings (actors.config.EngineSettings), the learner
+    service's admission (learner.schema.AdmissionSettings) and the fleet's supervision (rl)."""
 
-    group_size: int = Field(8, ge=1, description="completions per prompt (G)")
-    temperature: float = Field(1.0, gt=0, description="sampling temperature (also the learner's logits)")
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
-    max_tokens: int = Field(16, ge=1, description="completion tokens at most")
-    stop: list[str] = Field([], description="stop strings")
-    stop_token_ids: list[int] = Field([], description="stop token ids")
-    max_prompt_tokens: int = Field(48, ge=1, description="longer prompts are rejected, not sampled")
-    max_model_len: int = Field(128, ge=2, description="the engines' context length")
-    kv_cache_gib: float = Field(1.0, gt=0, description="KV cache of each actor's vLLM engine")
-    prompts_per_batch: int = Field(4, ge=1, description="prompts leased and sampled per engine call")
-    idle_poll_s: float = Field(0.2, gt=0, description="wait when the learner has no prompt to lease "
-                                                     "and sends no retry hint")
-    weight_retry_s: float = Field(5.0, ge=0, description="wait before re-fetching a failed transfer")
-    num_cpus: float = Field(1.0, ge=0, description="Ray CPUs per actor (plus one 'rollout' resource)")
-    sync: bool = Field(False, description="synchronous RL: sample one batch per weight version, then "
-                                          "wait for the next (needs max_staleness=0; see "
-                                          "actors/rollout_actor.py)")
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
     num_actors: int = Field(1, ge=0, description="rollout actors in the fleet")
-    max_staleness: int = Field(1, ge=0, description="a group sampled more than this many weight versions "
-                                                    "behind the newest is dropped as stale; and (η) actors may "
-                                                    "hold at most (η + steps + 1) × train.prompts_per_step "
-                                                    "prompts leased, queued or trained on")
     publish_every: int = Field(1, ge=1, description="publish new weights every this many steps")
-    queue_capacity: int = Field(64, ge=1, description="scored groups the learner holds; when full, actors "
-                                                      "are told to retry")
-    lease_seconds: float = Field(60.0, gt=0, description="a leased prompt not answered within this is "
-                                                         "offered again")
-    heartbeat_interval_s: float = Field(5.0, gt=0, description="how often actors report liveness")
-    actor_timeout_s: float = Field(30.0, gt=0, description="an actor silent this long is replaced")
     generate_timeout_s: float = Field(600.0, gt=0, description="an engine busy this long in one generate "
                                                                "call counts as hung and is replaced")
     restart: RestartPolicy = Field(RestartPolicy(), description="how actors that keep failing are replaced")
@@ -175,12 +152,11 @@ class TandemConfig(Section):
 
     def service_config(self, *, vocab_size: int | None) -> ServiceConfig:
         """The learner's gRPC server; ``vocab_size`` is the model's (token ids are checked against it)."""
-        rollout, server = self.rollout, self.server
+        rollout = self.rollout
         return ServiceConfig(
-            server=server, queue_capacity=rollout.queue_capacity, max_staleness=rollout.max_staleness,
-            prompts_per_step=self.train.prompts_per_step, group_size=rollout.group_size,
-            lease_seconds=rollout.lease_seconds, max_prompt_tokens=rollout.max_prompt_tokens, vocab_size=vocab_size,
-            heartbeat_interval_s=rollout.heartbeat_interval_s, actor_timeout_s=rollout.actor_timeout_s, mode="rl")
+            server=self.server, admission=rollout, prompts_per_step=self.train.prompts_per_step,
+            group_size=rollout.group_size, max_prompt_tokens=rollout.max_prompt_tokens, vocab_size=vocab_size,
+            mode="rl")
 
     def loop_config(self) -> RLLoopConfig:
         """The learner's RL loop (the tokenizer's pad id is RLLoop's own argument)."""
@@ -191,7 +167,7 @@ class TandemConfig(Section):
 
     def actor_config(self, model_dir: str | Path) -> ActorConfig:
         """What each rollout actor runs; ``model_dir`` is the model being trained (weight version 0)."""
-        engine = self.rollout.model_dump(include=set(ActorConfig.model_fields))
+        engine = self.rollout.model_dump(include=set(EngineSettings.model_fields))
         return ActorConfig(**engine, hf_dir=str(model_dir), dtype=self.model.dtype, seed=self.seed,
                            auth_token=self.server.auth_token, tls_ca_path=self.server.tls_ca_path)
 

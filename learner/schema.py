@@ -164,6 +164,26 @@ class ServerConfig(BaseModel):
     tls_ca_path: str | None = Field(None, description="CA that signed tls_cert_path, handed to the rollout actors")
 
 
+class AdmissionSettings(BaseModel):
+    """How the learner's service admits actors' work: the run config's `rollout.*` keys that the
+    service reads, declared here once (launch.config.RolloutConfig extends this class with the actors'
+    and the fleet's keys); the service reads them from the section whole (ServiceConfig.admission), so
+    a new admission option is one field here plus its use."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_staleness: int = Field(1, ge=0, description="a group sampled more than this many weight versions "
+                                                    "behind the newest is dropped as stale; and (η) actors may "
+                                                    "hold at most (η + steps + 1) × train.prompts_per_step "
+                                                    "prompts leased, queued or trained on")
+    queue_capacity: int = Field(64, ge=1, description="scored groups the learner holds; when full, actors "
+                                                      "are told to retry")
+    lease_seconds: float = Field(60.0, gt=0, description="a leased prompt not answered within this is "
+                                                         "offered again")
+    heartbeat_interval_s: float = Field(5.0, gt=0, description="how often actors report liveness")
+    actor_timeout_s: float = Field(30.0, gt=0, description="an actor silent this long is replaced")
+
+
 @dataclasses.dataclass(frozen=True)
 class ServiceConfig:
     """How the learner's server validates, queues and serves (0 / None disables a limit).
@@ -174,25 +194,17 @@ class ServiceConfig:
     server: ServerConfig
     """the run's `server` section: the run token (when set, every RPC needs `authorization: Bearer
     <token>`) and TLS (the server speaks TLS only when both tls_cert_path and tls_key_path are set)"""
-    queue_capacity: int
-    """scored groups held for the trainer; a full queue answers RETRY"""
-    max_staleness: int
-    """a group sampled more than this many versions behind the newest is STALE"""
+    admission: AdmissionSettings
+    """the run's `rollout` section, read for its admission keys: staleness, queue, leases, liveness"""
     prompts_per_step: int
-    """groups a learner step trains on (B): with max_staleness (η) it bounds the prompts in use to
+    """groups a learner step trains on (B): with admission.max_staleness (η) it bounds the prompts in use to
     (η + steps + 1)·B (learner/lease_budget.py); 0 = no bound"""
     group_size: int
     """completions per group; 0 = any number >= 1"""
-    lease_seconds: float
-    """a leased prompt not answered within this is offered again"""
     max_prompt_tokens: int
     """longer prompts are refused; 0 = no limit"""
     vocab_size: int | None
     """when set, token ids must be in [0, vocab_size)"""
-    heartbeat_interval_s: float
-    """how often actors are told to report liveness"""
-    actor_timeout_s: float
-    """an actor silent this long is reported stale"""
     max_group_bytes: int = 16 * 1024 * 1024
     """largest ScoredGroup message accepted"""
     weight_chunk_bytes: int = WEIGHT_CHUNK_BYTES

@@ -133,24 +133,24 @@ class LearnerService(rpc.LearnerServicer):
     def __init__(self, prompts: PromptSource, config: ServiceConfig) -> None:
         self.config = cfg = config
         self._prompts = prompts
-        prompts.limit_leases(cfg.prompts_per_step, cfg.max_staleness)
+        prompts.limit_leases(cfg.prompts_per_step, cfg.admission.max_staleness)
         self._pace = StepPace(time.monotonic())
         self._cond = threading.Condition(threading.RLock())
-        self._queue = GroupQueue(cfg.queue_capacity)
+        self._queue = GroupQueue(cfg.admission.queue_capacity)
         self._accounting = Accounting()
         self._weights = WeightPublisher()
         self._versions = WeightVersions()
         self._latest_version = 0
         self._step = 0
         self._version_steps: dict[int, int] = {}  # published version -> the learner's step then
-        self._registry = ActorRegistry(cfg.max_actors, cfg.actor_timeout_s)
+        self._registry = ActorRegistry(cfg.max_actors, cfg.admission.actor_timeout_s)
         self._group_streams = CallSlots("group streams", cfg.max_streams, cfg.max_streams_per_actor)
         self._weight_streams = CallSlots("weight streams", cfg.max_weight_streams)
         self._reaper = IdleReaper(cfg.stream_idle_timeout_s, self._reaped)
         self._sinks: dict[str, GroupStream] = {}  # actor_id -> its current group stream
         self._warned_at = -WARNING_INTERVAL_S
         self._rules_cache = Rules(GroupLimits(0, cfg.group_size, cfg.vocab_size, cfg.max_prompt_tokens),
-                                  cfg.max_staleness)
+                                  cfg.admission.max_staleness)
         self._server: grpc.Server | None = None
         self._stopped = False
 
@@ -219,7 +219,7 @@ class LearnerService(rpc.LearnerServicer):
         with self._cond:
             while True:
                 while len(batch) < num_groups and (record := self._queue.pop()) is not None:
-                    if is_stale(record.policy_version, self._latest_version, self.config.max_staleness):
+                    if is_stale(record.policy_version, self._latest_version, self.config.admission.max_staleness):
                         self._drop_stale_at_dequeue(record)
                     else:
                         batch.append(record)
@@ -310,7 +310,7 @@ class LearnerService(rpc.LearnerServicer):
         with self._cond:
             if self._server is not None:
                 raise RuntimeError("load_state_dict must be called before start()")
-            self._prompts.load_state_dict(state["prompts"], lease_seconds=self.config.lease_seconds)
+            self._prompts.load_state_dict(state["prompts"], lease_seconds=self.config.admission.lease_seconds)
             self._accounting.load(state["accounting"])
             self._accounting.add("groups_forgotten_on_restart", int(state["unconsumed_groups"]))
             self._step = int(state["step"])
@@ -334,9 +334,9 @@ class LearnerService(rpc.LearnerServicer):
                                      "client claiming its id", actor_id, registration.superseded_seen_s)
             return pb.RegisterReply(
                 latest_version=self._latest_version,
-                heartbeat_interval_ms=int(self.config.heartbeat_interval_s * 1000),
+                heartbeat_interval_ms=int(self.config.admission.heartbeat_interval_s * 1000),
                 credits=self._credits(actor_id),
-                max_staleness=self.config.max_staleness,
+                max_staleness=self.config.admission.max_staleness,
                 credential=registration.credential,
             )
 
@@ -359,7 +359,7 @@ class LearnerService(rpc.LearnerServicer):
         with self._cond:
             actor = self._caller(context, actor_id)
             step = self._budget_step(actor)
-            leased = self._prompts.lease(actor.holder, max_prompts, self.config.lease_seconds, step)
+            leased = self._prompts.lease(actor.holder, max_prompts, self.config.admission.lease_seconds, step)
             exhausted = self._prompts.exhausted()
             held_back = len(leased) < max_prompts and self._prompts.allowance(step) == 0
             retry_after = 0.0
@@ -373,7 +373,7 @@ class LearnerService(rpc.LearnerServicer):
                 for p in leased
             ],
             exhausted=exhausted,
-            lease_seconds=self.config.lease_seconds,
+            lease_seconds=self.config.admission.lease_seconds,
             retry_after_seconds=retry_after,
             latest_version=latest_version,
         )
@@ -580,7 +580,7 @@ class LearnerService(rpc.LearnerServicer):
         """The admission rules under the latest version (rebuilt only when it changes)."""
         if self._rules_cache.limits.latest_version != self._latest_version:
             limits = dataclasses.replace(self._rules_cache.limits, latest_version=self._latest_version)
-            self._rules_cache = Rules(limits, self.config.max_staleness)
+            self._rules_cache = Rules(limits, self.config.admission.max_staleness)
         return self._rules_cache
 
     def _check_publishable(self, version: int) -> None:

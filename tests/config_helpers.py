@@ -8,17 +8,20 @@ from pathlib import Path
 
 from actors.config import ActorConfig
 from launch.config import load_config
-from learner.schema import ServerConfig
+from learner.schema import AdmissionSettings, ServerConfig
 
 
 def service_config(**fields):
     """The learner server's config of a default run, but with no token (whatever the environment says),
     no vocab check, any group size and any prompt length unless ``fields`` set them; ``fields`` named
-    after a `server` key (auth_token, tls_cert_path, ...) go to its server section."""
+    after a `server` key (auth_token, tls_cert_path, ...) go to its server section, those named after an
+admission key (queue_capacity, max_staleness, lease_seconds, ...) to its admission section."""
     base = load_config(None).service_config(vocab_size=None)
     server = {name: fields.pop(name) for name in list(fields) if name in ServerConfig.model_fields}
-    server = base.server.model_copy(update={"auth_token": None, **server})
-    return dataclasses.replace(base, **{"server": server, "group_size": 0, "max_prompt_tokens": 0, **fields})
+    admission = {name: fields.pop(name) for name in list(fields) if name in AdmissionSettings.model_fields}
+    return dataclasses.replace(base, **{"server": base.server.model_copy(update={"auth_token": None, **server}),
+                                        "admission": base.admission.model_copy(update=admission),
+                                        "group_size": 0, "max_prompt_tokens": 0, **fields})
 
 
 def loop_config(overrides: list[str] = (), **fields):

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from launch.config import REMOVED_KEYS, ConfigError, TandemConfig, documented_keys, load_config
+from actors.config import EngineSettings
+from launch.config import REMOVED_KEYS, ConfigError, RolloutConfig, TandemConfig, documented_keys, load_config
+from learner.schema import AdmissionSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 LIGHT = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
@@ -23,9 +25,12 @@ def test_the_service_config_carries_the_run_config():
                                 "rollout.heartbeat_interval_s=0.25", "rollout.actor_timeout_s=2",
                                 "server.auth_token=t0k", "server.tls_cert_path=/c.pem", "server.tls_key_path=/k.pem"])
     service = config.service_config(vocab_size=151)
-    assert (service.queue_capacity, service.max_staleness, service.group_size, service.lease_seconds) == (7, 0, 3, 9.5)
-    assert (service.max_prompt_tokens, service.heartbeat_interval_s, service.actor_timeout_s) == (33, 0.25, 2.0)
-    assert service.server is config.server  # the service reads the run's server section whole
+    admission = service.admission
+    assert admission is config.rollout  # the service reads the run's rollout section whole for admission
+    assert (admission.queue_capacity, admission.max_staleness, admission.lease_seconds) == (7, 0, 9.5)
+    assert (admission.heartbeat_interval_s, admission.actor_timeout_s) == (0.25, 2.0)
+    assert (service.group_size, service.max_prompt_tokens) == (3, 33)
+    assert service.server is config.server  # and the server section
     assert (service.server.auth_token, service.server.tls_cert_path, service.server.tls_key_path) == (
         "t0k", "/c.pem", "/k.pem")
     assert service.vocab_size == 151 and service.mode == "rl" and service.prompts_per_step == 5
@@ -72,7 +77,18 @@ def test_role_configs_have_no_defaults_of_their_own_for_what_the_run_config_supp
         "max_weight_streams", "unary_workers", "stream_idle_timeout_s", "mode"}
     loop_fields = {f.name for f in dataclasses.fields(RLLoopConfig) if f.default is dataclasses.MISSING}
     assert loop_fields == {"train", "group_size", "max_sequence_len", "publish_every"}
-    assert all(field.is_required() for field in ActorConfig.model_fields.values())
+    own = set(ActorConfig.model_fields) - set(EngineSettings.model_fields)
+    assert all(ActorConfig.model_fields[name].is_required() for name in own)
+
+
+def test_each_rollout_key_is_declared_once_by_the_role_that_reads_it():
+    """The run's `rollout` section is the actors' EngineSettings and the service's AdmissionSettings
+    (plus the fleet's keys): a new option of either is one field in its class, with its one default."""
+    assert issubclass(RolloutConfig, EngineSettings) and issubclass(RolloutConfig, AdmissionSettings)
+    assert not set(EngineSettings.model_fields) & set(AdmissionSettings.model_fields)
+    config = load_config(None, ["rollout.temperature=0.5", "rollout.lease_seconds=7"])
+    assert config.actor_config("/m").temperature == 0.5
+    assert config.service_config(vocab_size=None).admission.lease_seconds == 7
 
 
 def _section_types(section: type = TandemConfig):

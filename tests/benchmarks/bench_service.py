@@ -58,12 +58,13 @@ sys.path.insert(0, config.pop("root"))
 from learner.service import LearnerService, ServiceConfig  # both trees have the name here
 from learner import prompt_source
 from learner.prompt_source import PromptSource
-if "server" in ServiceConfig.__dataclass_fields__:  # this tree: token and TLS are the server section's
-    from learner.schema import ServerConfig
-    config["server"] = ServerConfig(**{k: config.pop(k) for k in ("auth_token", "tls_cert_path", "tls_key_path")})
-prompt_tokens = config.pop("prompt_tokens")
+prompt_tokens, queue_capacity = config.pop("prompt_tokens"), config["queue_capacity"]
+if "server" in ServiceConfig.__dataclass_fields__:  # this tree: the server and admission sections
+    from learner.schema import AdmissionSettings, ServerConfig
+    for name, section in (("server", ServerConfig), ("admission", AdmissionSettings)):
+        config[name] = section(**{k: config.pop(k) for k in list(config) if k in section.model_fields})
 rows = [{"prompt_ids": [5 + (i + j) % 50 for j in range(prompt_tokens)], "text": str(i),
-         "metadata": {"answer": str(i)}} for i in range(config["queue_capacity"])]
+         "metadata": {"answer": str(i)}} for i in range(queue_capacity)]
 if hasattr(prompt_source, "Prompt"):  # this tree's PromptSource takes Prompts, the baseline's dicts
     rows = [prompt_source.Prompt(**row) for row in rows]
 known = {field.name for field in dataclasses.fields(ServiceConfig)}  # the baseline's has fewer
