@@ -95,6 +95,7 @@ class RolloutActor:
         self._idle_since: dict[str, float] = {}  # idle counter -> perf_counter() when its running wait began
         self._stop = threading.Event()
         self._idle = threading.Event()  # set while run() is not looping
+        self._new_weights = threading.Event()  # set when a newer version is loaded and reported
         self._idle.set()
         self._fatal: BaseException | None = None
         self._retry_after: dict[int, float] = {}  # failed version -> monotonic time it may be retried
@@ -138,6 +139,7 @@ class RolloutActor:
                     self._await_next_version()
                     if self._stop.is_set():
                         break
+                self._new_weights.clear()  # set again by the weights thread (or stop)
                 try:
                     reply = self.client.lease_prompts(self.config.prompts_per_batch)
                 except LearnerUnavailable as error:  # learner restarting: keep trying until stopped
@@ -146,9 +148,10 @@ class RolloutActor:
                 if not reply.prompts:
                     if reply.exhausted:
                         break
-                    # the learner's lease budget is spent until its next step: wait as long as it says
+                    # the lease budget counts from the version we serve: wait as long as the learner
+                    # says, or until we load newer weights (announced on the group stream)
                     with self._idle_time("prompt_wait_seconds"):
-                        self._stop.wait(reply.retry_after_s or self.config.idle_poll_s)
+                        self._new_weights.wait(reply.retry_after_s or self.config.idle_poll_s)
                     continue
                 self._sample_and_send(reply.prompts)
         finally:
@@ -188,6 +191,7 @@ class RolloutActor:
         re-issues those prompts to other actors.
         """
         self._stop.set()
+        self._new_weights.set()  # ends a wait for prompts
         deadline = time.monotonic() + timeout_s
         # A loop blocked on credits (learner not consuming) would never notice: closing unblocks it.
         while not self._idle.wait(0.05) and not self._blocked_on_credits and time.monotonic() < deadline:
@@ -353,6 +357,7 @@ class RolloutActor:
             self.version = staged.version
         self.counters.weight_updates.append(WeightUpdate(staged.version, transfer_s, stall_s))
         self._report_weights(staged.version, applied=True, detail="", stall_s=stall_s, transfer_s=transfer_s)
+        self._new_weights.set()  # reported: the learner's lease budget for us has grown
         log.debug("%s: applied weight version %d (transfer %.3fs, stall %.3fs)", self.actor_id, staged.version,
                  transfer_s, stall_s)
 

@@ -258,6 +258,8 @@ class LearnerService(rpc.LearnerServicer):
             self._versions.published(version)
             self._latest_version = version
             self._version_steps[version] = self._step
+            for actor_id, stream in self._sinks.items():  # announce it: an actor waiting for budget loads it now
+                stream.offer(pb.GroupAck(credits=self._credits(actor_id), latest_version=version))
 
     def set_step(self, step: int) -> None:
         """The learner has completed `step` steps: the lease budget grows to match."""

@@ -5,7 +5,7 @@ and after the learner's step advances the actor gets more."""
 from __future__ import annotations
 
 import numpy as np
-from wire_helpers import connected_client, make_group, make_prompts, running_service
+from wire_helpers import connected_client, make_group, make_prompts, running_service, wait_until
 
 from learner.lease_budget import RETRY_MAX_S, RETRY_MIN_S
 from learner.prompt_source import PromptSource
@@ -69,4 +69,20 @@ def test_an_actor_still_serving_older_weights_gets_the_budget_of_its_own_version
         assert lagging.prompts == [] and lagging.retry_after_s == RETRY_MIN_S and client.latest_version == 1
         assert client.report_weights(1, applied=True)
         assert len(client.lease_prompts(20).prompts) == B  # serving version 1 (step 1): B more
+        client.close()
+
+
+def test_a_new_version_is_announced_on_every_open_group_stream():
+    """An actor waiting for budget learns of new weights without asking: the publish is announced on
+    its group stream (an ack with no group id), which leaves its outbox as it was."""
+    weights = [("w", np.zeros(4, np.float32))]
+    with running_service(PromptSource(make_prompts(8)), prompts_per_step=B, max_staleness=ETA) as (service, address):
+        service.publish_weights(0, weights)
+        client = connected_client(address)
+        [lease] = client.lease_prompts(1).prompts
+        client.send_group(make_group(lease, client.actor_id))  # opens the stream
+        wait_until(lambda: client.counts().get("queued") == 1, what="the QUEUED ack")
+        service.publish_weights(1, weights)
+        wait_until(lambda: client.latest_version == 1, timeout=5, what="the announced version")
+        assert client.counts()["unacked"] == 1 and client.is_unacked(lease.group_id)
         client.close()
