@@ -118,6 +118,7 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
         "actors": {actor_id: asdict(stats) for actor_id, stats in actor_stats.items()},
         "fleet": {"name": config.rollout.fleet_name, "reattached": rollout_side.attached},
         "learner": loop.counts, "guard": {"events": loop.guard_events, "stopped": loop.stopped_by_guard},
+        "stale": loop.service.stale_report(),
     }
     for violation in summary["accounting_violations"]:
         log.error("accounting does not balance: %s", violation)

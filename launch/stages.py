@@ -22,7 +22,8 @@ from launch.rl_mode import run_rl_mode
 from launch.run import Mode, Run, parse_config, prepare, setup_process
 from launch.supervised_mode import run_supervised_mode
 
-SHOWN = ("mode", "steps", "model", "hf_final", "eval", "accounting", "accounting_violations", "learner", "guard")
+SHOWN = ("mode", "steps", "model", "hf_final", "eval", "accounting", "accounting_violations", "learner", "guard",
+         "stale")
 
 
 def run_mode(run: Run, mode: Mode) -> dict[str, Any]:

@@ -64,6 +64,7 @@ from learner.group_validation import CompletionRecord, GroupLimits, GroupRecord
 from learner.lease_budget import RETRY_MIN_S, StepPace
 from learner.prompt_source import PromptSource, PromptState
 from learner.schema import ServiceConfig
+from learner.stale_log import StaleLog
 from learner.tolerant_handlers import Undecodable, add_tolerant_learner_servicer
 from learner.weight_publisher import WeightPublisher, pack_weights
 from learner.weight_versions import UnknownWeightVersion, WeightVersions
@@ -143,6 +144,7 @@ class LearnerService(rpc.LearnerServicer):
         self._latest_version = 0
         self._step = 0
         self._version_steps: dict[int, int] = {}  # published version -> the learner's step then
+        self._stale = StaleLog()
         self._registry = ActorRegistry(cfg.max_actors, cfg.admission.actor_timeout_s)
         self._group_streams = CallSlots("group streams", cfg.max_streams, cfg.max_streams_per_actor)
         self._weight_streams = CallSlots("weight streams", cfg.max_weight_streams)
@@ -282,6 +284,12 @@ class LearnerService(rpc.LearnerServicer):
             counts["groups_in_batch"] = self._queue.in_batch
             counts["groups_stale"] = counts["groups_stale_on_arrival"] + counts["groups_stale_at_dequeue"]
             return counts
+
+    def stale_report(self) -> dict[str, Any]:
+        """Why groups were dropped as stale in this process: counts by cause and the latest few
+        (learner/stale_log.py)."""
+        with self._cond:
+            return self._stale.report()
 
     def queue_depth(self) -> int:
         with self._cond:
@@ -532,6 +540,8 @@ class LearnerService(rpc.LearnerServicer):
             self._prompts.retire(group_id, trained=False)
         elif decision.effect is Effect.RELEASE:
             self._prompts.release(group_id, holder=sender.holder)
+        if decision.status == pb.ACK_STATUS_STALE:
+            self._record_stale(group_id, sender.actor_id, msg.policy_version, in_queue=False)
         self._accounting.add_all(decision.counters)
         return self._ack(sender.actor_id, group_id, decision.status, decision.detail)
 
@@ -548,12 +558,20 @@ class LearnerService(rpc.LearnerServicer):
         self._queue.finish(record.group_id)
         self._prompts.release(record.group_id)
         self._accounting.add("groups_stale_at_dequeue")
+        self._record_stale(record.group_id, record.actor_id, record.policy_version, in_queue=True)
         self._notify_actor(
             record.actor_id,
             record.group_id,
             pb.ACK_STATUS_STALE,
             f"stale at dequeue: policy_version {record.policy_version}, latest {self._latest_version}",
         )
+
+    def _record_stale(self, group_id: str, actor_id: str, policy_version: int, *, in_queue: bool) -> None:
+        first_published = next(iter(self._version_steps), None)
+        cause = self._stale.record(in_queue=in_queue, group_id=group_id, actor_id=actor_id,
+                                   policy_version=policy_version, latest_version=self._latest_version,
+                                   first_published=first_published)
+        log.debug("group %.64s from %.64s stale (%s)", group_id, actor_id, cause)
 
     def _notify_actor(self, actor_id: str, group_id: str, status: int, detail: str) -> None:
         """A later ack (CONSUMED / STALE) on the actor's current stream, if it is connected; if not,

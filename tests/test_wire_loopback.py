@@ -300,6 +300,7 @@ def test_groups_leased_after_the_checkpoint_come_back_to_a_restored_learner_as_s
         rejections = {group_id: (status, detail) for group_id, status, detail in client.rejections}
         assert rejections[after[0].group_id][0] == "stale", rejections
         assert "restarted" in rejections[after[0].group_id][1]
+        assert new.stale_report()["causes"] == {"before_restore": 1}  # the summary says why
         assert rejections[after[1].group_id] == ("invalid", "group_id was never leased by this learner")
         reissued = [lease.group_id for lease in client.lease_prompts(8).prompts]
         assert after[0].group_id in reissued and after[1].group_id in reissued
