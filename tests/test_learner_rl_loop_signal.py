@@ -38,8 +38,12 @@ def _group(lease, actor_id: str, version: int, zero_signal: bool) -> pb.ScoredGr
 def _actor(address: str, stop: threading.Event, latest_version) -> None:
     client = LearnerClient(address, "actor-fill")
     client.register({**CAPABILITIES, "group_size": GROUP_SIZE, "max_model_len": 64}, weight_version=0)
+    served = 0
     try:
         while not stop.is_set():
+            newest = latest_version()  # it samples with the newest weights, and says so as actors do
+            if newest != served and client.report_weights(newest, applied=True):  # (refused until published)
+                served = newest
             leases = client.lease_prompts(4).prompts
             for lease in leases:
                 if client.is_unacked(lease.group_id):  # re-issued after its lease expired; already sent
