@@ -36,15 +36,12 @@ from learner.schema import (
     MeshConfig,
     OptimizerConfig,
     RLLoopConfig,
+    Section,
     ServerConfig,
     ServiceConfig,
     TrainConfig,
 )
 from rewards.spec import RewardSpec, WeightedReward
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class TinyModelConfig(Section):

@@ -107,13 +107,17 @@ class MeshConfig(BaseModel):
     tp: int = Field(1, ge=1, description="tensor-parallel axis")
 
 
-class TrainConfig(BaseModel):
+class Section(BaseModel):
+    """A section of the run config: unknown keys fail, and so do bad values set after loading."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TrainConfig(Section):
     """The learner's run: steps, batches, checkpoints, evaluation (the run config's `train` section).
 
     The RL loop reads it whole (RLLoopConfig.train), so an option of the loop is one field here
     plus its use there."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     steps: int = Field(100, ge=1, description="optimizer steps")
     batch_size: int = Field(64, ge=1, description="packed rows per step (sft, pretrain)")
@@ -150,11 +154,9 @@ class RLLoopConfig:
     """the smallest length bucket"""
 
 
-class ServerConfig(BaseModel):
+class ServerConfig(Section):
     """The learner's gRPC server (rl; the run config's `server` section). The service reads it whole
     (ServiceConfig.server), so an option of the server is one field here plus its use there."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     host: str = Field("127.0.0.1", description="bind address; 0.0.0.0 serves actors on other nodes")
     port: int = Field(0, ge=0, le=65535, description="0 = any free port")
