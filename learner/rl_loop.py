@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 # Version jump on restore; larger than any number of versions a run publishes between checkpoints.
 RESTART_VERSION_STRIDE = 1_000_000
+WAITING_WARN_S = 60.0  # a learner waiting this long for groups says why, again every this many seconds
 
 
 class NoRolloutsError(RuntimeError):
@@ -163,7 +164,9 @@ class RLLoop:
         wanted = self.config.train.prompts_per_step
         groups: list[GroupRecord] = []
         taken = 0
-        deadline = time.monotonic() + self.config.batch_timeout_s
+        quiet_since = time.monotonic()  # when a group last arrived
+        deadline = quiet_since + self.config.batch_timeout_s
+        warn_at = quiet_since + WAITING_WARN_S
         while len(groups) < wanted:
             if fill and taken >= self.config.train.max_fill_batches * wanted:
                 break
@@ -172,11 +175,17 @@ class RLLoop:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise NoRolloutsError(
-                    f"only {len(groups)} of {wanted} groups arrived in "
-                    f"{self.config.batch_timeout_s:.0f} s; accounting: {self.service.accounting()}")
+                    f"only {len(groups)} of {wanted} groups arrived in {self.config.batch_timeout_s:.0f} s; "
+                    f"accounting: {self.service.accounting()}\n{self.service.waiting_report()}")
+            if time.monotonic() >= warn_at:
+                log.warning("step %d: no group for %.0f s (%d of %d taken):\n%s", self.step + 1,
+                            time.monotonic() - quiet_since, len(groups), wanted, self.service.waiting_report())
+                warn_at = time.monotonic() + WAITING_WARN_S
             fresh = self.service.next_batch(wanted - len(groups), timeout=min(remaining, 5.0))
             if fresh:
-                deadline = time.monotonic() + self.config.batch_timeout_s
+                quiet_since = time.monotonic()
+                deadline = quiet_since + self.config.batch_timeout_s
+                warn_at = quiet_since + WAITING_WARN_S
             taken += len(fresh)
             if fill:
                 zero = [g for g in fresh if not has_signal([c.reward for c in g.completions])]

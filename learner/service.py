@@ -300,6 +300,23 @@ class LearnerService(rpc.LearnerServicer):
         with self._cond:
             return self._registry.records()
 
+    def waiting_report(self) -> str:
+        """Why no group may be coming, in one line per actor: the version it serves against the
+        newest, the lease slots its version still allows, and its last weight report (an actor that
+        cannot load the newest version and is more than max_staleness behind gets no lease)."""
+        with self._cond:
+            lines = [f"learner step {self._step}, newest version {self._latest_version}, "
+                     f"lease slots in use {self._prompts.counts()['lease_slots_in_use']}, "
+                     f"groups in queue {self._queue.depth}"]
+            for actor in self._registry.records():
+                report = actor.last_weight_report or {}
+                last = (f"v{report.get('version')} {'applied' if report.get('applied') else 'NOT applied'}"
+                        f" {str(report.get('detail', ''))[:120]}".rstrip()) if report else "none"
+                lines.append(f"  {actor.actor_id}: serves v{actor.weight_version}, may lease "
+                             f"{self._prompts.allowance(self._budget_step(actor))}, "
+                             f"{'silent' if actor.stale else 'alive'}, last weight report: {last}")
+        return "\n".join(lines)
+
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable exactly-once state for the checkpoint (prompts, counters, versions)."""
         with self._cond:

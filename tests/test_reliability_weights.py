@@ -70,7 +70,20 @@ def test_broken_weight_pushes_leave_the_actor_on_its_last_complete_version(ray_s
             raise AssertionError(f"the actor never reported version {version}")
         return hook
 
-    steps = StepLog(loop, hooks={CORRUPTED: await_rejection(CORRUPTED), CUT: await_rejection(CUT)})
+    def await_serving(version: int):
+        def hook() -> None:  # the broken version must find the actor on the one before it
+            deadline = time.monotonic() + 60
+            while loop.service.actors_status()[0].weight_version != version:
+                assert time.monotonic() < deadline, f"the actor never applied version {version}"
+                time.sleep(0.05)
+        return hook
+
+    # The learner waits at the step before each broken version until the actor serves that step's
+    # version: otherwise a fast learner publishes the broken one before the actor loaded the one
+    # before, the actor (two versions behind, max_staleness 1) gets no lease, and nothing can
+    # produce the next step's groups.
+    steps = StepLog(loop, hooks={CORRUPTED - 1: await_serving(CORRUPTED - 1), CORRUPTED: await_rejection(CORRUPTED),
+                                 CUT - 1: await_serving(CUT - 1), CUT: await_rejection(CUT)})
     try:
         accounting = loop.run(on_step=steps)
     finally:

@@ -67,6 +67,12 @@ def test_an_actor_still_serving_older_weights_gets_the_budget_of_its_own_version
         lagging = client.lease_prompts(20)  # it still serves version 0, published at step 0
         # none, but it learns of version 1 from the reply and is told to ask again as soon as it loaded it
         assert lagging.prompts == [] and lagging.retry_after_s == RETRY_MIN_S and client.latest_version == 1
+        # an actor that cannot load the newest version: what a waiting learner logs says so
+        assert client.report_weights(1, applied=False, detail="transfer failed: sha256 mismatch")
+        report = service.waiting_report().splitlines()
+        assert report[0].startswith("learner step 1, newest version 1, lease slots in use 8")
+        assert report[1] == (f"  {client.actor_id}: serves v0, may lease 0, alive, "
+                             "last weight report: v1 NOT applied transfer failed: sha256 mismatch")
         assert client.report_weights(1, applied=True)
         assert len(client.lease_prompts(20).prompts) == B  # serving version 1 (step 1): B more
         client.close()
