@@ -324,18 +324,22 @@ def _sampling_params(sampling: SamplingSpec):
     the streaming kinds each child is reported on its own and ``finished`` refers to the last one).
     """
     from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import RequestOutputKind
 
-    return SamplingParams(
-        n=sampling.n,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        max_tokens=sampling.max_tokens,
-        stop_token_ids=list(sampling.stop_token_ids),
-        stop=list(sampling.stop),
-        logprobs=0,  # only the sampled token's logprob
-        output_kind=RequestOutputKind.FINAL_ONLY,
-    )
+    try:
+        return SamplingParams(
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+            stop_token_ids=list(sampling.stop_token_ids),
+            stop=list(sampling.stop),
+            logprobs=0,  # only the sampled token's logprob
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+    except VLLMValidationError as e:  # e.g. n > 1 with temperature 0; not a ValueError in vLLM
+        raise ValueError(f"invalid sampling {sampling}: {e}") from e
 
 
 def _tokens_so_far(processor, internal_id: str) -> int:

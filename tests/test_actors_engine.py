@@ -1,4 +1,5 @@
-"""RolloutEngine on a real vLLM engine, checked against transformers on the same HF files."""
+"""RolloutEngine on a real vLLM engine, checked against transformers on the same HF files; batch
+(generate) and streaming (submit/poll/abort_all) sampling."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from actors_helpers import (
     write_weights_dir,
 )
 
-from actors.engine import PromptTooLongError, RolloutEngine, SamplingSpec, WeightSetError
+from actors.engine import PromptTooLongError, RolloutEngine, Sample, SamplingSpec, WeightSetError
 
 EOS_ID = 2
 PROMPTS = [[1, 3, 5, 6, 7], [1, 3, 8, 9, 10, 11, 4], [1, 20, 4]]
@@ -48,7 +49,15 @@ def engine_on(engine, dirs):
         engine.load_weights(load_tensors(dirs[name]).items())
         return engine
     yield load
+    engine.abort_all()  # a failed streaming test may leave groups in flight, which block a load
     engine.load_weights(load_tensors(dirs["base"]).items())
+
+
+@pytest.fixture
+def streaming(engine):
+    """The shared engine, with nothing left in flight after the test (pass or fail)."""
+    yield engine
+    engine.abort_all()
 
 
 def test_engine_refuses_an_out_of_process_core(dirs, monkeypatch):
@@ -151,3 +160,148 @@ def test_bad_weight_set_is_rejected_and_old_weights_keep_serving(engine_on, dirs
     with pytest.raises(WeightSetError, match="down_proj"):
         engine.load_weights(bad.items())
     assert [s.token_ids for s in engine.greedy(PROMPTS, 10)] == before
+
+
+# --- streaming: submit / poll / abort_all ---------------------------------------------------------
+
+def drain(engine: RolloutEngine, max_polls: int = 500) -> list[list[tuple[str, list[Sample]]]]:
+    """Poll until nothing is in flight; what each poll returned, in order."""
+    polls = []
+    while engine.in_flight:
+        assert len(polls) < max_polls, "groups never finished"
+        polls.append(engine.poll())
+    return polls
+
+
+def finished_at(polls: list[list[tuple[str, list[Sample]]]]) -> dict[str, int]:
+    """Key -> index of the poll that returned its group (each key at most once)."""
+    at: dict[str, int] = {}
+    for i, groups in enumerate(polls):
+        for key, _ in groups:
+            assert key not in at, f"group {key} returned twice"
+            at[key] = i
+    return at
+
+
+def test_streaming_returns_each_group_once_with_all_n_completions(streaming):
+    engine = streaming
+    for i, prompt in enumerate(PROMPTS):
+        engine.submit(f"p{i}", prompt, SamplingSpec(n=4, temperature=1.0, max_tokens=12))
+    assert engine.in_flight == len(PROMPTS)
+    polls = drain(engine)
+    assert set(finished_at(polls)) == {f"p{i}" for i in range(len(PROMPTS))}
+    for _, group in (g for groups in polls for g in groups):
+        assert len(group) == 4
+        for s in group:
+            assert 1 <= len(s.token_ids) <= 12
+            assert len(s.logprobs) == len(s.token_ids)
+            assert all(np.isfinite(lp) and lp <= 0.0 for lp in s.logprobs)
+            assert s.finish_reason in ("stop", "length")
+    assert engine.poll() == [] and engine.in_flight == 0
+
+
+def test_streaming_greedy_equals_batch_llm_generate(engine_on):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    engine = engine_on("sharp_a")
+    params = SamplingParams(n=1, temperature=0.0, max_tokens=16, logprobs=0)
+    batch = engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params, use_tqdm=False)
+    for i, prompt in enumerate(PROMPTS):
+        engine.submit(str(i), prompt, SamplingSpec(n=1, temperature=0.0, max_tokens=16))
+    streamed = dict(g for groups in drain(engine) for g in groups)
+    for i, out in enumerate(batch):
+        [s] = streamed[str(i)]
+        assert s.token_ids == list(out.outputs[0].token_ids)
+        want = [step[tok].logprob for tok, step in zip(out.outputs[0].token_ids, out.outputs[0].logprobs,
+                                                       strict=True)]
+        np.testing.assert_allclose(s.logprobs, want, atol=1e-5)
+
+
+def test_a_short_group_is_returned_before_a_long_one_finishes(streaming):
+    engine = streaming
+    # greedy on the base weights never ends early on PROMPTS (it repeats 25, 6): 40 tokens
+    engine.submit("long", PROMPTS[0], SamplingSpec(n=1, temperature=0.0, max_tokens=40))
+    engine.submit("short", PROMPTS[1], SamplingSpec(n=3, temperature=1.0, max_tokens=2))
+    polls = drain(engine)
+    at = finished_at(polls)
+    assert at["short"] < at["long"]
+    assert at["short"] <= 2  # prefill + one decode step, not the long group's 40
+    assert len(dict(polls[at["long"]])["long"][0].token_ids) == 40
+
+
+def test_a_prompt_submitted_between_polls_joins_the_running_batch(streaming):
+    engine = streaming
+    engine.submit("first", PROMPTS[0], SamplingSpec(n=1, temperature=0.0, max_tokens=40))
+    polls = [engine.poll() for _ in range(3)]
+    assert polls == [[], [], []] and engine.in_flight == 1
+    engine.submit("joiner", PROMPTS[1], SamplingSpec(n=2, temperature=1.0, max_tokens=4))
+    engine.submit("joiner2", PROMPTS[2], SamplingSpec(n=1, temperature=1.0, max_tokens=4))
+    polls += drain(engine)
+    at = finished_at(polls)
+    assert set(at) == {"first", "joiner", "joiner2"}
+    # the joiners ran alongside the first group instead of waiting for it to end
+    assert max(at["joiner"], at["joiner2"]) < at["first"]
+    assert at["first"] == 39  # 40 tokens, one per step, not delayed by the joiners
+
+
+def test_abort_all_then_load_resamples_every_group_on_the_new_weights(engine_on, dirs):
+    engine = engine_on("sharp_a")
+    old = [s.token_ids for s in engine.greedy(PROMPTS, max_tokens=10)]
+    keys = [f"k{i}" for i in range(len(PROMPTS))]
+    # vLLM refuses n > 1 at temperature 0; at 0.01 the sharp weights' argmax is all but certain
+    spec = SamplingSpec(n=2, temperature=0.01, max_tokens=10)
+    for key, prompt in zip(keys, PROMPTS, strict=True):
+        engine.submit(key, prompt, spec)
+    assert engine.poll() == []  # one step: every child has one token
+    with pytest.raises(RuntimeError, match="in flight"):
+        engine.load_weights(load_tensors(dirs["sharp_b"]).items())
+    wasted_before = engine.aborted_tokens
+    assert engine.abort_all() == keys
+    assert engine.in_flight == 0 and not engine.llm.llm_engine.has_unfinished_requests()
+    assert engine.aborted_tokens - wasted_before == len(keys) * 2  # one token per child
+    assert engine.abort_all() == [] and engine.poll() == []
+
+    engine.load_weights(load_tensors(dirs["sharp_b"]).items())
+    for key, prompt in zip(keys, PROMPTS, strict=True):  # the same keys again: fresh vLLM requests
+        engine.submit(key, prompt, spec)
+    resampled = dict(g for groups in drain(engine) for g in groups)
+    new = [s.token_ids for s in engine.greedy(PROMPTS, max_tokens=10)]
+    assert new != old
+    for key, want in zip(keys, new, strict=True):
+        assert [s.token_ids for s in resampled[key]] == [want, want]
+
+
+def test_aborted_tokens_count_finished_children_of_unfinished_groups(streaming):
+    engine = streaming
+    # half the vocabulary stops a completion: after the first step many children have finished
+    # (one token each) while their groups wait for siblings that are still running
+    spec = SamplingSpec(n=8, temperature=1.0, max_tokens=20, stop_token_ids=list(range(0, engine.vocab_size, 2)))
+    for i in range(4):
+        engine.submit(f"g{i}", PROMPTS[i % len(PROMPTS)], spec)
+    returned = engine.poll()
+    wasted_before = engine.aborted_tokens
+    aborted = engine.abort_all()
+    assert aborted and len(aborted) + len(returned) == 4
+    assert engine.aborted_tokens - wasted_before == 8 * len(aborted)  # every child had one token
+
+
+def test_invalid_submissions_raise_before_anything_reaches_vllm(streaming):
+    engine = streaming
+    engine.submit("ok", PROMPTS[0], SamplingSpec(n=1, max_tokens=4))
+    with pytest.raises(PromptTooLongError, match="'long'"):
+        engine.submit("long", [1] + [5] * MAX_MODEL_LEN, SamplingSpec(n=1))
+    with pytest.raises(ValueError, match="empty"):
+        engine.submit("empty", [], SamplingSpec(n=1))
+    with pytest.raises(ValueError, match="outside"):
+        engine.submit("oov", [1, 10_000], SamplingSpec(n=1))
+    with pytest.raises(ValueError, match="already in flight"):
+        engine.submit("ok", PROMPTS[1], SamplingSpec(n=1))
+    with pytest.raises(ValueError, match="invalid sampling"):
+        engine.submit("n0", PROMPTS[1], SamplingSpec(n=0))
+    with pytest.raises(ValueError, match="greedy"):
+        engine.submit("greedy_n2", PROMPTS[1], SamplingSpec(n=2, temperature=0.0))
+    with pytest.raises(RuntimeError, match="idle"):
+        engine.generate(PROMPTS, SamplingSpec(n=1))
+    assert engine.in_flight == 1 and engine.llm.llm_engine.get_num_unfinished_requests() == 1
+    assert list(finished_at(drain(engine))) == ["ok"]
