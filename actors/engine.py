@@ -144,7 +144,8 @@ class RolloutEngine:
     """Owns one vLLM ``LLM``; samples G completions per token-id prompt and applies weight versions.
 
     Run it in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): it starts in seconds and weight arrays
-    reach the worker without serialisation.
+    reach the worker without serialisation. Not thread-safe: one caller at a time (the actor's engine
+    lock), so a weight load never runs during a step.
     """
 
     def __init__(self, hf_dir: Path, *, max_model_len: int = 256, kv_cache_gib: float = 1, seed: int = 0,
@@ -199,8 +200,8 @@ class RolloutEngine:
             raise ValueError(f"group {key!r} is already in flight")
         self._validate_prompts([prompt], names=[key])
         params = _sampling_params(sampling)
-        # vLLM needs a fresh id per request (it also suffixes its own); the counter keeps a resubmitted
-        # key's new request apart from the aborted one
+        # RequestOutput carries this id (vLLM's random suffix goes only on its internal id), so the
+        # counter keeps it unique per request even when a key is resubmitted after an abort
         request_id = f"{key}#{next(self._request_counter)}"
         internal_id = self.llm.llm_engine.add_request(
             request_id, TokensPrompt(prompt_token_ids=list(prompt)), params)
