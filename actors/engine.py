@@ -74,6 +74,13 @@ class _InFlight:
 
 
 @dataclass(frozen=True)
+class CheckedWeights:
+    """A weight set ``RolloutEngine.check_weights`` accepted: loading it needs no second check."""
+
+    tensors: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
 class TensorSpec:
     shape: tuple[int, ...]
     dtype: str
@@ -275,24 +282,31 @@ class RolloutEngine:
         groups = self.generate(prompts, SamplingSpec(n=1, temperature=0.0, max_tokens=max_tokens))
         return [g[0] for g in groups]
 
-    def load_weights(self, tensors: Iterable[tuple[str, np.ndarray]]) -> float:
-        """Apply a full HF-named weight set in place; returns the seconds generation was stalled.
-
-        All-or-nothing: names, shapes, dtypes and finiteness are checked against the checkpoint's
-        tensors first, and a WeightSetError leaves the current weights untouched. Refuses while groups
-        are in flight (``abort_all`` first): a group must not mix weight versions.
-        """
-        if self._requests:
-            raise RuntimeError(f"load_weights with {len(self._requests)} group(s) in flight: "
-                               f"abort_all first and resubmit after the load")
-        start = time.perf_counter()
+    def check_weights(self, tensors: Iterable[tuple[str, np.ndarray]]) -> CheckedWeights:
+        """Validate a full HF-named weight set against the checkpoint's tensors (names, shapes, float
+        dtypes, finite values); raises WeightSetError listing every problem. Touches no engine state,
+        so an actor checks a new version while it keeps sampling, before it pauses anything."""
         named: dict[str, np.ndarray] = {}
         for name, array in tensors:
             if name in named:
                 raise WeightSetError(f"rejected weight set: duplicate tensor {name}")
             named[name] = np.asarray(array)
         validate_weight_set(self.expected_tensors, named)
-        self.llm.collective_rpc("tandem_reload_weights", args=(list(named.items()),))
+        return CheckedWeights(named)
+
+    def load_weights(self, weights: CheckedWeights | Iterable[tuple[str, np.ndarray]]) -> float:
+        """Apply a full weight set in place; returns the seconds generation was stalled.
+
+        All-or-nothing: a set not checked yet is checked first (``check_weights``), and a
+        WeightSetError leaves the current weights untouched. Refuses while groups are in flight
+        (``abort_all`` first): a group must not mix weight versions.
+        """
+        if self._requests:
+            raise RuntimeError(f"load_weights with {len(self._requests)} group(s) in flight: "
+                               f"abort_all first and resubmit after the load")
+        start = time.perf_counter()
+        checked = weights if isinstance(weights, CheckedWeights) else self.check_weights(weights)
+        self.llm.collective_rpc("tandem_reload_weights", args=(list(checked.tensors.items()),))
         if not self.llm.reset_prefix_cache():
             # cached KV of the old weights would be reused by the next prompts with the same prefix
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight load")

@@ -3,9 +3,20 @@
 The learner's prompt service decides what is sampled, so actors can join and leave at any time:
 a prompt leased by an actor that goes away is re-issued when its lease expires.
 
+Asynchronous mode streams (``_stream``): up to ``prompts_per_batch`` groups are in the engine at
+once, which is stepped one step at a time; each group is scored as soon as its last completion
+finishes and sent once scored, and the room it leaves is leased again, so no group waits for the
+longest completion of a batch.
+
 Threads: ``run()`` is the sampling loop. A weights thread watches the learner's latest version,
 downloads and verifies a new version *while the engine keeps sampling*, then applies it under the
-engine lock, i.e. between two generations (also while the loop waits for credits). A version that
+engine lock, between two engine steps (also while the loop waits for credits). In-flight updates
+are abort-and-resample: the groups in the engine are aborted and sampled again on the new weights
+(their tokens are counted in ``tokens_aborted``), so every group comes from one version and carries
+the behaviour logprobs that produced it; its ``policy_version`` is that version, exact for the
+learner's staleness rule and importance ratios (the alternative, PipelineRL's in-flight update,
+keeps the tokens and records a version per token; with completions as short as RL rollouts on this
+scale, resampling wastes little and keeps the wire format and the loss unchanged). A version that
 fails its transfer or validation is reported and the actor keeps serving the one it has. A
 heartbeat thread reports liveness, version and throughput until ``stop()``, also after ``run()``
 returned (an idle actor is alive, not dead).
@@ -37,9 +48,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+import ray
 
 from actors.config import ActorConfig
-from actors.engine import RolloutEngine, SamplingSpec, WeightSetError
+from actors.engine import RolloutEngine, Sample, SamplingSpec, WeightSetError
 from actors.groups import PROMPT_TOO_LONG, rejected_group, scored_group
 from actors.learner_client import LearnerClient, LearnerUnavailable, LeaseReply, Prompt, WeightTransferError
 from actors.scoring import RewardScorer
@@ -49,14 +61,35 @@ log = logging.getLogger(__name__)
 
 WEIGHT_POLL_S = 0.1  # how often the weights thread looks at the latest version (a local read)
 SYNC_POLL_S = 0.02  # sync mode: how often a waiting actor asks the learner for its latest version
+SCORE_POLL_S = 0.05  # an actor with nothing in its engine waits this long at most for one group's scores
 
 
 @dataclass
 class WeightUpdate:
     version: int
     transfer_s: float  # download + checksum, overlapped with sampling
-    stall_s: float     # time the engine could not sample: validating + loading under the engine lock
+    stall_s: float     # time the engine could not sample: aborting + loading under the engine lock
 
+
+@dataclass
+class _InEngine:
+    """A leased prompt whose group the engine is sampling."""
+
+    lease: Prompt
+    version: int  # the weights it is sampled with (a weight load aborts and resubmits it)
+    sampled_at: float  # wall clock at submission
+    started: float  # perf_counter at submission
+
+
+@dataclass
+class _Scoring:
+    """A sampled group waiting for its scores."""
+
+    sampled: _InEngine
+    samples: list[Sample]
+    sample_s: float
+    score_started: float
+    ref: ray.ObjectRef
 
 @dataclass
 class ActorCounters:
@@ -103,6 +136,8 @@ class RolloutActor:
         self._blocked_on_credits = False
         self._generating_since: float | None = None  # monotonic start of the running generate, if any
         self._threads: list[threading.Thread] = []  # weights + heartbeat, alive until stop()
+        self._in_engine: dict[str, _InEngine] = {}  # async mode: group id -> its group being sampled
+        self._scoring: list[_Scoring] = []  # async mode: sampled groups waiting for their scores
 
     # ------------------------------------------------------------------ public
 
@@ -134,26 +169,10 @@ class RolloutActor:
                                  for loop in (self._weights_loop, self._heartbeat_loop)]
                 for thread in self._threads:
                     thread.start()
-            while not self._stop.is_set():
-                if self.config.sync:
-                    self._await_next_version()
-                    if self._stop.is_set():
-                        break
-                self._new_weights.clear()  # set again by the weights thread (or stop)
-                try:
-                    reply = self.client.lease_prompts(self.config.prompts_per_batch)
-                except LearnerUnavailable as error:  # learner restarting: keep trying until stopped
-                    log.warning("%s: lease failed: %s", self.actor_id, error)
-                    reply = LeaseReply([], False, 0.0)
-                if not reply.prompts:
-                    if reply.exhausted:
-                        break
-                    # the lease budget counts from the version we serve: wait as long as the learner
-                    # says, or until we load newer weights (announced on the group stream)
-                    with self._idle_time("prompt_wait_seconds"):
-                        self._new_weights.wait(reply.retry_after_s or self.config.idle_poll_s)
-                    continue
-                self._sample_and_send(reply.prompts)
+            if self.config.sync:
+                self._sample_in_batches()
+            else:
+                self._stream()
         finally:
             self._idle.set()
         if self._fatal is not None:
@@ -175,6 +194,7 @@ class RolloutActor:
             stall_seconds=tuple(u.stall_s for u in c.weight_updates),
             transfer_seconds=tuple(u.transfer_s for u in c.weight_updates),
             weight_rejections=c.weight_rejections,
+            tokens_aborted=self.engine.aborted_tokens,
             generate_seconds=c.generate_seconds,
             credit_wait_seconds=self._idle_seconds("credit_wait_seconds"),
             prompt_wait_seconds=self._idle_seconds("prompt_wait_seconds"),
@@ -207,22 +227,137 @@ class RolloutActor:
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         """Greedy token ids under the weights currently served (for checks and evaluation)."""
-        with self._engine_lock:
+        with self._engine_paused():
             return [s.token_ids for s in self.engine.greedy(prompts, max_tokens)]
 
-    # ------------------------------------------------------------------ sampling loop
+    # ------------------------------------------------------------------ sampling loops
 
-    def _sample_and_send(self, leases: list[Prompt]) -> None:
-        # A lease that expired while we sampled it may come back to us while our group for it is still
-        # on its way (or queued): the learner has that copy, so sampling the prompt again is waste.
+    def _lease(self, max_prompts: int) -> LeaseReply:
+        self._new_weights.clear()  # set again by the weights thread (or stop)
+        try:
+            return self.client.lease_prompts(max_prompts)
+        except LearnerUnavailable as error:  # learner restarting: keep trying until stopped
+            log.warning("%s: lease failed: %s", self.actor_id, error)
+            return LeaseReply([], False, 0.0)
+
+    def _wait_for_prompts(self, seconds: float) -> None:
+        """The lease budget counts from the version we serve: wait as long as the learner says, or
+        until we load newer weights (announced on the group stream)."""
+        with self._idle_time("prompt_wait_seconds"):
+            self._new_weights.wait(seconds)
+
+    def _sample_in_batches(self) -> None:
+        """Sync mode: one batch per weight version, sampled whole, then wait for the next version."""
+        while not self._stop.is_set():
+            self._await_next_version()
+            if self._stop.is_set():
+                break
+            reply = self._lease(self.config.prompts_per_batch)
+            if not reply.prompts:
+                if reply.exhausted:
+                    break
+                self._wait_for_prompts(reply.retry_after_s or self.config.idle_poll_s)
+                continue
+            self._sample_and_send(reply.prompts)
+
+    def _stream(self) -> None:
+        """Async mode: keep up to prompts_per_batch groups in the engine, stepping it one step at a
+        time; each group is scored the moment its last completion finishes and sent once scored, and
+        freed room is leased again (once half the batch is free, or the engine is empty), so nothing
+        waits for the longest completion of a batch. A new weight version aborts the groups in flight
+        and samples them again on the new weights (``_engine_paused``): every group comes from one
+        version, with the behaviour logprobs that produced it."""
+        batch = self.config.prompts_per_batch
+        ask_after = 0.0  # monotonic time before which the learner told us not to ask again
+        exhausted = False
+        while not self._stop.is_set():
+            if self._new_weights.is_set():
+                ask_after = 0.0  # our lease budget grew with the version
+            room = batch - len(self._in_engine)
+            if not exhausted and time.monotonic() >= ask_after and (room >= max(1, batch // 2) or room == batch):
+                reply = self._lease(room)
+                exhausted = reply.exhausted
+                if reply.prompts:
+                    self._submit(reply.prompts)
+                else:
+                    ask_after = time.monotonic() + (reply.retry_after_s or self.config.idle_poll_s)
+            if not self._in_engine and not self._scoring:
+                if exhausted:
+                    break
+                self._wait_for_prompts(max(0.0, ask_after - time.monotonic()))
+                continue
+            self._step_engine()
+            self._send_scored(wait_s=0.0 if self._in_engine else SCORE_POLL_S)
+
+    def _submit(self, leases: list[Prompt]) -> None:
+        """Refuse the prompts too long for us, and add the others' groups to the running batch."""
+        for lease in self._fitting(leases):
+            with self._engine_lock:
+                self.engine.submit(lease.group_id, lease.prompt_ids, self.sampling)
+                self._in_engine[lease.group_id] = _InEngine(lease, self.version, time.time(), time.perf_counter())
+
+    def _step_engine(self) -> None:
+        """One engine step; start scoring every group it finished."""
+        with self._engine_lock:
+            start = time.perf_counter()
+            self._generating_since = time.monotonic()
+            try:
+                finished = self.engine.poll()
+            finally:
+                self._generating_since = None
+            done = time.perf_counter()
+            self.counters.generate_seconds += done - start
+            groups = [(self._in_engine.pop(key), samples) for key, samples in finished]
+        for sampled, samples in groups:
+            self.counters.tokens_generated += sum(len(s.token_ids) for s in samples)
+            ref = self.scorer.score_async(sampled.lease.text, [(c.text, c.token_ids) for c in samples],
+                                          sampled.lease.metadata)
+            self._scoring.append(_Scoring(sampled, samples, done - sampled.started, time.perf_counter(), ref))
+
+    def _send_scored(self, wait_s: float) -> None:
+        """Send the groups whose scores are in (waiting up to `wait_s` for the first), in order."""
+        ready = self.scorer.ready([s.ref for s in self._scoring], wait_s)
+        for scoring in [s for s, is_ready in zip(self._scoring, ready, strict=True) if is_ready]:
+            self._scoring.remove(scoring)
+            [scores] = self.scorer.gather([scoring.ref])
+            sampled = scoring.sampled
+            self._send(scored_group(
+                group_id=sampled.lease.group_id, actor_id=self.actor_id, policy_version=sampled.version,
+                prompt_ids=sampled.lease.prompt_ids, samples=scoring.samples, scores=scores,
+                metadata=sampled.lease.metadata, sample_seconds=scoring.sample_s,
+                score_seconds=time.perf_counter() - scoring.score_started, sampled_at=sampled.sampled_at))
+            self.counters.groups_sent += 1
+
+    @contextlib.contextmanager
+    def _engine_paused(self) -> Iterator[None]:
+        """Hold the engine with no group in flight: the groups running are aborted (their tokens are
+        counted in tokens_aborted) and submitted again afterwards, with the version then served."""
+        with self._engine_lock:
+            aborted = self.engine.abort_all()
+            try:
+                yield
+            finally:
+                for key in aborted:
+                    sampled = self._in_engine[key]
+                    self.engine.submit(key, sampled.lease.prompt_ids, self.sampling)
+                    self._in_engine[key] = _InEngine(sampled.lease, self.version, time.time(), time.perf_counter())
+
+    def _fitting(self, leases: list[Prompt]) -> list[Prompt]:
+        """The leases worth sampling: a prompt too long for us is refused (the learner retires it); a
+        lease that expired while we sampled it may come back to us while our group for it is still on
+        its way (or queued), and the learner has that copy, so sampling it again is waste."""
         leases = [lease for lease in leases if not self.client.is_unacked(lease.group_id)]
-        fits = [lease for lease in leases if len(lease.prompt_ids) <= self.max_prompt_tokens]
         for lease in leases:
             if len(lease.prompt_ids) > self.max_prompt_tokens:
                 self.counters.prompts_filtered += 1
                 self._send(rejected_group(
                     group_id=lease.group_id, actor_id=self.actor_id, policy_version=self.version,
                     prompt_ids=lease.prompt_ids, metadata=lease.metadata, reason=PROMPT_TOO_LONG))
+        return [lease for lease in leases if len(lease.prompt_ids) <= self.max_prompt_tokens]
+
+    def _sample_and_send(self, leases: list[Prompt]) -> None:
+        """Sync mode: sample a leased batch whole, score it, send it."""
+        fits = self._fitting(leases)
         if not fits:
             return
         sampled_at = time.time()
@@ -344,16 +479,17 @@ class RolloutActor:
             self._reject(latest, f"transfer failed: {error}", time.perf_counter() - start,
                          retry_after_s=self.config.weight_retry_s)
             return
-        transfer_s = time.perf_counter() - start
         if staged.version == self.version:
             return
-        with self._engine_lock:
-            try:
-                stall_s = self.engine.load_weights(staged.tensors)
-            except WeightSetError as error:
-                # the same bytes would fail again: wait for a newer version
-                self._reject(staged.version, str(error), transfer_s, retry_after_s=float("inf"))
-                return
+        try:
+            checked = self.engine.check_weights(staged.tensors)  # while the engine keeps sampling
+        except WeightSetError as error:
+            # the same bytes would fail again: wait for a newer version
+            self._reject(staged.version, str(error), time.perf_counter() - start, retry_after_s=float("inf"))
+            return
+        transfer_s = time.perf_counter() - start
+        with self._engine_paused():
+            stall_s = self.engine.load_weights(checked)
             self.version = staged.version
         self.counters.weight_updates.append(WeightUpdate(staged.version, transfer_s, stall_s))
         self._report_weights(staged.version, applied=True, detail="", stall_s=stall_s, transfer_s=transfer_s)

@@ -28,6 +28,17 @@ class RewardScorer:
         return next(self._next).score_group.remote(prompt, completions, dict(metadata))
 
     @staticmethod
+    def ready(refs: list[ray.ObjectRef], timeout_s: float) -> list[bool]:
+        """Which of `refs` have their scores, waiting up to `timeout_s` for the first one."""
+        if not refs:
+            return []
+        done, _ = ray.wait(refs, num_returns=1, timeout=timeout_s)
+        if done:  # take every one that is in by now, without waiting further
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        finished = set(done)
+        return [ref in finished for ref in refs]
+
+    @staticmethod
     def gather(refs: list[ray.ObjectRef]) -> list[list[ScoreResult]]:
         """Wait for every group's scores, in order."""
         return ray.get(refs)

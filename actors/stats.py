@@ -32,13 +32,15 @@ class ActorStats:
     versions_applied: tuple[int, ...]
     """each weight version it loaded, in order"""
     stall_seconds: tuple[float, ...]
-    """per loaded version: time the engine could not sample (validating + loading)"""
+    """per loaded version: time the engine could not sample (aborting the groups in flight + loading)"""
     transfer_seconds: tuple[float, ...]
-    """per loaded version: download + checksum, overlapped with sampling"""
+    """per loaded version: download + checksum + validation, overlapped with sampling"""
     weight_rejections: int
     """versions it fetched but did not apply (transfer or validation failed)"""
+    tokens_aborted: int
+    """completion tokens thrown away: groups in flight when a new version was loaded are sampled again"""
     generate_seconds: float
-    """time spent inside generate calls"""
+    """time spent inside engine steps"""
     credit_wait_seconds: float
     """idle, blocked on the learner's credits (its queue is full)"""
     prompt_wait_seconds: float
@@ -48,7 +50,8 @@ class ActorStats:
     unacked: int
     """groups sent without a final ack yet"""
     engine_busy_s: float
-    """how long the running generate has been busy (0 when none): a supervisor replaces a stuck engine"""
+    """how long the running engine step or generate has been busy (0 when none): a supervisor replaces a
+    stuck engine"""
     rss_bytes: int
     """resident memory of the actor's process"""
 
