@@ -21,6 +21,7 @@ import ray
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
+from actors.stats import ActorStats
 from launch import ray_cluster
 from launch.console import Progress
 from launch.evaluation import Evaluator, evaluate_dir, make_evaluator
@@ -77,6 +78,22 @@ def held_out_evals(run: Run, loop: RLLoop, evaluator: Evaluator | None,
     return on_step
 
 
+def token_report(accounting: dict[str, int], actor_stats: dict[str, Any]) -> dict[str, Any]:
+    """Where the completion tokens the actors sampled went: trained on, or wasted and why. `sampled`
+    counts the actors answering at the end (a replaced actor's tokens are missing from it, so the
+    fractions are upper bounds); asynchrony's own waste is `aborted` (groups in flight when a version
+    loaded, sampled again) plus `stale`; `no_signal` is dynamic sampling's, by design."""
+    stats = [s for s in actor_stats.values() if isinstance(s, ActorStats)]
+    aborted = sum(s.tokens_aborted for s in stats)
+    sampled = sum(s.tokens_generated for s in stats) + aborted
+    wasted = {"aborted": aborted,
+              "stale": accounting["tokens_stale_on_arrival"] + accounting["tokens_stale_at_dequeue"],
+              "duplicate": accounting["tokens_duplicate"], "invalid": accounting["tokens_invalid"],
+              "no_signal": accounting["tokens_no_signal"]}
+    return {"sampled": sampled, "trained": accounting["tokens_trained"], "wasted": wasted,
+            "async_waste_fraction": (aborted + wasted["stale"]) / sampled if sampled else 0.0}
+
+
 def run_rl_mode(run: Run) -> dict[str, Any]:
     """Train `train.steps` RL steps with the actors on Ray, export hf_final and evaluate it; returns the
     summary (accounting, evals, actor, reward and supervisor stats, guard events)."""
@@ -119,6 +136,7 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
         "fleet": {"name": config.rollout.fleet_name, "reattached": rollout_side.attached},
         "learner": loop.counts, "guard": {"events": loop.guard_events, "stopped": loop.stopped_by_guard},
         "stale": loop.service.stale_report(),
+        "tokens": token_report(accounting, actor_stats),
     }
     for violation in summary["accounting_violations"]:
         log.error("accounting does not balance: %s", violation)

@@ -22,6 +22,18 @@ Prompts (one prompt = one group id) balance too:
 (a lease of a prompt that had been leased before is a re-issue; outstanding prompts are leased,
 waiting for re-issue, or held by a queued group).
 
+Completion tokens balance the same way, so waste is measured where it happens (tokens_X counts
+the completion tokens of the groups groups_X counts; a prompt_too_long rejection has none):
+
+    tokens_received = tokens_queued + tokens_duplicate + tokens_stale_on_arrival
+                      + tokens_invalid + tokens_retry
+    tokens_queued   = tokens_trained + tokens_no_signal + tokens_in_queue + tokens_in_batch
+                      + tokens_stale_at_dequeue + tokens_forgotten_on_restart
+
+where tokens_trained are the tokens of groups a training step used and tokens_no_signal those of
+groups retired without one (dynamic sampling's zero-signal groups). Tokens the actors threw away
+before sending (groups aborted by a weight load and sampled again) are the actors' tokens_aborted.
+
 Besides the balance, the server counts what it refused or lost outside the group outcomes
 (SERVICE_COUNTERS): internal errors, groups from an actor that does not hold the prompt's lease (a
 part of groups_invalid), calls refused for bad input, a bad credential or a full limit, weight
@@ -48,6 +60,20 @@ GROUP_COUNTERS = (
     "completions_unscorable",
     "prompts_too_long",
 )
+# Completion tokens of the groups counted by the group counter of the same suffix (groups_X ->
+# tokens_X), plus the split of consumed groups into trained and retired without signal.
+TOKEN_COUNTERS = (
+    "tokens_received",
+    "tokens_queued",
+    "tokens_duplicate",
+    "tokens_stale_on_arrival",
+    "tokens_invalid",
+    "tokens_retry",
+    "tokens_trained",
+    "tokens_no_signal",
+    "tokens_stale_at_dequeue",
+    "tokens_forgotten_on_restart",
+)
 SERVICE_COUNTERS = (
     "internal_errors",
     "lease_violations",
@@ -58,7 +84,14 @@ SERVICE_COUNTERS = (
     "streams_idle_closed",
     "actors_superseded",
 )
-COUNTERS = GROUP_COUNTERS + SERVICE_COUNTERS
+COUNTERS = GROUP_COUNTERS + TOKEN_COUNTERS + SERVICE_COUNTERS
+
+
+def with_tokens(counters: Mapping[str, int], tokens: int) -> dict[str, int]:
+    """`counters` of one group, plus its `tokens` under each tokens_X whose groups_X it adds to."""
+    added = {f"tokens_{name.removeprefix('groups_')}": tokens for name in counters
+             if name.startswith("groups_") and f"tokens_{name.removeprefix('groups_')}" in TOKEN_COUNTERS}
+    return {**counters, **added}
 
 
 class Accounting:
@@ -121,6 +154,16 @@ def balance_violations(counts: Mapping[str, int]) -> list[str]:
         "stale = stale_on_arrival + stale_at_dequeue": (
             c["groups_stale"],
             c["groups_stale_on_arrival"] + c["groups_stale_at_dequeue"],
+        ),
+        "tokens: received = queued + duplicate + stale_on_arrival + invalid + retry": (
+            c["tokens_received"],
+            c["tokens_queued"] + c["tokens_duplicate"] + c["tokens_stale_on_arrival"] + c["tokens_invalid"]
+            + c["tokens_retry"],
+        ),
+        "tokens: queued = trained + no_signal + in_queue + in_batch + stale_at_dequeue + forgotten": (
+            c["tokens_queued"],
+            c["tokens_trained"] + c["tokens_no_signal"] + c["tokens_in_queue"] + c["tokens_in_batch"]
+            + c["tokens_stale_at_dequeue"] + c["tokens_forgotten_on_restart"],
         ),
         "leased - reissued = retired + outstanding": (
             c["prompts_leased"] - c["prompts_reissued"],

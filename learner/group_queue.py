@@ -39,6 +39,14 @@ class GroupQueue:
     def in_batch(self) -> int:
         return len(self._in_batch)
 
+    @property
+    def tokens_in_queue(self) -> int:
+        return sum(r.tokens for r in self._queue)
+
+    @property
+    def tokens_in_batch(self) -> int:
+        return sum(r.tokens for r in self._in_batch.values())
+
     def full(self) -> bool:
         return len(self._queue) >= self.capacity
 

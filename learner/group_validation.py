@@ -49,6 +49,11 @@ class GroupRecord:
     timings: dict[str, float] = field(default_factory=dict)
     received_at: float = 0.0  # time.time() when the learner accepted it
 
+    @property
+    def tokens(self) -> int:
+        """Completion tokens in the group (the unit of the token ledger, learner/accounting.py)."""
+        return sum(len(c.token_ids) for c in self.completions)
+
 
 @dataclass(frozen=True)
 class GroupLimits:

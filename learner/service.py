@@ -47,7 +47,7 @@ import grpc
 import numpy as np
 
 from learner import request_checks
-from learner.accounting import Accounting, balance_violations
+from learner.accounting import Accounting, balance_violations, with_tokens
 from learner.actor_registry import (
     ActorRecord,
     ActorRegistry,
@@ -244,7 +244,8 @@ class LearnerService(rpc.LearnerServicer):
             for group_id in group_ids:
                 record = self._queue.finish(group_id)
                 self._prompts.retire(group_id, trained=trained)
-                self._accounting.add("groups_consumed")
+                self._accounting.add_all({"groups_consumed": 1,
+                                          "tokens_trained" if trained else "tokens_no_signal": record.tokens})
                 self._notify_actor(record.actor_id, group_id, pb.ACK_STATUS_CONSUMED, "")
 
     def publish_weights(self, version: int, tensors: Iterable[tuple[str, np.ndarray]]) -> None:
@@ -282,6 +283,8 @@ class LearnerService(rpc.LearnerServicer):
             counts.update(self._prompts.counts())
             counts["groups_in_queue"] = self._queue.depth
             counts["groups_in_batch"] = self._queue.in_batch
+            counts["tokens_in_queue"] = self._queue.tokens_in_queue
+            counts["tokens_in_batch"] = self._queue.tokens_in_batch
             counts["groups_stale"] = counts["groups_stale_on_arrival"] + counts["groups_stale_at_dequeue"]
             return counts
 
@@ -327,6 +330,7 @@ class LearnerService(rpc.LearnerServicer):
                 "prompts": self._prompts.state_dict(),
                 "accounting": self._accounting.snapshot(),
                 "unconsumed_groups": self._queue.depth + self._queue.in_batch,
+                "unconsumed_tokens": self._queue.tokens_in_queue + self._queue.tokens_in_batch,
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -339,7 +343,8 @@ class LearnerService(rpc.LearnerServicer):
                 raise RuntimeError("load_state_dict must be called before start()")
             self._prompts.load_state_dict(state["prompts"], lease_seconds=self.config.admission.lease_seconds)
             self._accounting.load(state["accounting"])
-            self._accounting.add("groups_forgotten_on_restart", int(state["unconsumed_groups"]))
+            self._accounting.add_all({"groups_forgotten_on_restart": int(state["unconsumed_groups"]),
+                                      "tokens_forgotten_on_restart": int(state.get("unconsumed_tokens", 0))})
             self._step = int(state["step"])
             self._latest_version = int(state["latest_version"])
             self._versions.restored(self._latest_version)
@@ -559,7 +564,8 @@ class LearnerService(rpc.LearnerServicer):
             self._prompts.release(group_id, holder=sender.holder)
         if decision.status == pb.ACK_STATUS_STALE:
             self._record_stale(group_id, sender.actor_id, msg.policy_version, in_queue=False)
-        self._accounting.add_all(decision.counters)
+        tokens = 0 if isinstance(msg, Undecodable) else sum(len(c.token_ids) for c in msg.completions)
+        self._accounting.add_all(with_tokens(decision.counters, tokens))
         return self._ack(sender.actor_id, group_id, decision.status, decision.detail)
 
     def _sender(self, actor: ActorRecord) -> Sender:
@@ -574,7 +580,7 @@ class LearnerService(rpc.LearnerServicer):
     def _drop_stale_at_dequeue(self, record: GroupRecord) -> None:
         self._queue.finish(record.group_id)
         self._prompts.release(record.group_id)
-        self._accounting.add("groups_stale_at_dequeue")
+        self._accounting.add_all({"groups_stale_at_dequeue": 1, "tokens_stale_at_dequeue": record.tokens})
         self._record_stale(record.group_id, record.actor_id, record.policy_version, in_queue=True)
         self._notify_actor(
             record.actor_id,

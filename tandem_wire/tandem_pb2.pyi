@@ -328,7 +328,7 @@ class ActorStatus(_message.Message):
     def __init__(self, actor_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., groups_in_flight: _Optional[int] = ..., tokens_per_second: _Optional[float] = ...) -> None: ...
 
 class Accounting(_message.Message):
-    __slots__ = ("prompts_leased", "prompts_reissued", "groups_received", "groups_queued", "groups_consumed", "groups_duplicate", "groups_stale", "groups_invalid", "groups_retry", "completions_unscorable", "prompts_too_long", "groups_stale_on_arrival", "groups_stale_at_dequeue", "groups_in_queue", "groups_in_batch", "groups_forgotten_on_restart", "prompts_retired", "prompts_outstanding", "internal_errors", "lease_violations", "requests_invalid", "credentials_refused", "weight_reports_refused", "calls_refused_busy", "streams_idle_closed", "actors_superseded", "lease_slots_in_use")
+    __slots__ = ("prompts_leased", "prompts_reissued", "groups_received", "groups_queued", "groups_consumed", "groups_duplicate", "groups_stale", "groups_invalid", "groups_retry", "completions_unscorable", "prompts_too_long", "groups_stale_on_arrival", "groups_stale_at_dequeue", "groups_in_queue", "groups_in_batch", "groups_forgotten_on_restart", "prompts_retired", "prompts_outstanding", "internal_errors", "lease_violations", "requests_invalid", "credentials_refused", "weight_reports_refused", "calls_refused_busy", "streams_idle_closed", "actors_superseded", "lease_slots_in_use", "tokens_received", "tokens_queued", "tokens_duplicate", "tokens_stale_on_arrival", "tokens_invalid", "tokens_retry", "tokens_trained", "tokens_no_signal", "tokens_stale_at_dequeue", "tokens_forgotten_on_restart", "tokens_in_queue", "tokens_in_batch")
     PROMPTS_LEASED_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_REISSUED_FIELD_NUMBER: _ClassVar[int]
     GROUPS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
@@ -356,6 +356,18 @@ class Accounting(_message.Message):
     STREAMS_IDLE_CLOSED_FIELD_NUMBER: _ClassVar[int]
     ACTORS_SUPERSEDED_FIELD_NUMBER: _ClassVar[int]
     LEASE_SLOTS_IN_USE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_QUEUED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_STALE_ON_ARRIVAL_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_INVALID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_RETRY_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_TRAINED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_NO_SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_STALE_AT_DEQUEUE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FORGOTTEN_ON_RESTART_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_IN_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_IN_BATCH_FIELD_NUMBER: _ClassVar[int]
     prompts_leased: int
     prompts_reissued: int
     groups_received: int
@@ -383,7 +395,19 @@ class Accounting(_message.Message):
     streams_idle_closed: int
     actors_superseded: int
     lease_slots_in_use: int
-    def __init__(self, prompts_leased: _Optional[int] = ..., prompts_reissued: _Optional[int] = ..., groups_received: _Optional[int] = ..., groups_queued: _Optional[int] = ..., groups_consumed: _Optional[int] = ..., groups_duplicate: _Optional[int] = ..., groups_stale: _Optional[int] = ..., groups_invalid: _Optional[int] = ..., groups_retry: _Optional[int] = ..., completions_unscorable: _Optional[int] = ..., prompts_too_long: _Optional[int] = ..., groups_stale_on_arrival: _Optional[int] = ..., groups_stale_at_dequeue: _Optional[int] = ..., groups_in_queue: _Optional[int] = ..., groups_in_batch: _Optional[int] = ..., groups_forgotten_on_restart: _Optional[int] = ..., prompts_retired: _Optional[int] = ..., prompts_outstanding: _Optional[int] = ..., internal_errors: _Optional[int] = ..., lease_violations: _Optional[int] = ..., requests_invalid: _Optional[int] = ..., credentials_refused: _Optional[int] = ..., weight_reports_refused: _Optional[int] = ..., calls_refused_busy: _Optional[int] = ..., streams_idle_closed: _Optional[int] = ..., actors_superseded: _Optional[int] = ..., lease_slots_in_use: _Optional[int] = ...) -> None: ...
+    tokens_received: int
+    tokens_queued: int
+    tokens_duplicate: int
+    tokens_stale_on_arrival: int
+    tokens_invalid: int
+    tokens_retry: int
+    tokens_trained: int
+    tokens_no_signal: int
+    tokens_stale_at_dequeue: int
+    tokens_forgotten_on_restart: int
+    tokens_in_queue: int
+    tokens_in_batch: int
+    def __init__(self, prompts_leased: _Optional[int] = ..., prompts_reissued: _Optional[int] = ..., groups_received: _Optional[int] = ..., groups_queued: _Optional[int] = ..., groups_consumed: _Optional[int] = ..., groups_duplicate: _Optional[int] = ..., groups_stale: _Optional[int] = ..., groups_invalid: _Optional[int] = ..., groups_retry: _Optional[int] = ..., completions_unscorable: _Optional[int] = ..., prompts_too_long: _Optional[int] = ..., groups_stale_on_arrival: _Optional[int] = ..., groups_stale_at_dequeue: _Optional[int] = ..., groups_in_queue: _Optional[int] = ..., groups_in_batch: _Optional[int] = ..., groups_forgotten_on_restart: _Optional[int] = ..., prompts_retired: _Optional[int] = ..., prompts_outstanding: _Optional[int] = ..., internal_errors: _Optional[int] = ..., lease_violations: _Optional[int] = ..., requests_invalid: _Optional[int] = ..., credentials_refused: _Optional[int] = ..., weight_reports_refused: _Optional[int] = ..., calls_refused_busy: _Optional[int] = ..., streams_idle_closed: _Optional[int] = ..., actors_superseded: _Optional[int] = ..., lease_slots_in_use: _Optional[int] = ..., tokens_received: _Optional[int] = ..., tokens_queued: _Optional[int] = ..., tokens_duplicate: _Optional[int] = ..., tokens_stale_on_arrival: _Optional[int] = ..., tokens_invalid: _Optional[int] = ..., tokens_retry: _Optional[int] = ..., tokens_trained: _Optional[int] = ..., tokens_no_signal: _Optional[int] = ..., tokens_stale_at_dequeue: _Optional[int] = ..., tokens_forgotten_on_restart: _Optional[int] = ..., tokens_in_queue: _Optional[int] = ..., tokens_in_batch: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

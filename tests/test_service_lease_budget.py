@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 from wire_helpers import connected_client, make_group, make_prompts, running_service, wait_until
 
+from learner.accounting import balance_violations
 from learner.lease_budget import RETRY_MAX_S, RETRY_MIN_S
 from learner.prompt_source import PromptSource
 from tandem_wire import WIRE_VERSION, pb
@@ -91,4 +92,36 @@ def test_a_new_version_is_announced_on_every_open_group_stream():
         service.publish_weights(1, weights)
         wait_until(lambda: client.latest_version == 1, timeout=5, what="the announced version")
         assert client.counts()["unacked"] == 1 and client.is_unacked(lease.group_id)
+        client.close()
+
+
+def test_the_token_ledger_counts_every_received_token_in_one_place_and_balances():
+    """Completion tokens follow the groups: trained, retired without signal, duplicate, stale (on
+    arrival), waiting in the queue; each counter holds the tokens of its groups and the ledger balances."""
+    weights = [("w", np.zeros(4, np.float32))]
+    with running_service(PromptSource(make_prompts(16)), max_staleness=0) as (service, address):
+        service.publish_weights(0, weights)
+        client = connected_client(address)
+        leases = client.lease_prompts(5).prompts
+        for i, (lease, tokens) in enumerate(zip(leases[:4], (3, 5, 7, 11), strict=True)):
+            client.send_group(make_group(lease, client.actor_id, tokens=tokens, seed=i))
+        wait_until(lambda: service.accounting()["groups_received"] == 4, what="4 groups received")
+        first, second = service.next_batch(1, timeout=10), service.next_batch(1, timeout=10)
+        service.mark_consumed([r.group_id for r in first])  # 4 completions x 3 tokens trained
+        service.mark_consumed([r.group_id for r in second], trained=False)  # 4 x 5 retired, no signal
+        wait_until(lambda: not client.is_unacked(leases[0].group_id), what="the CONSUMED ack")
+        client.send_group(make_group(leases[0], client.actor_id, tokens=2, seed=9))  # a duplicate: 4 x 2
+        service.set_step(1)
+        service.publish_weights(1, weights)
+        client.send_group(make_group(leases[4], client.actor_id, tokens=13, seed=4))  # stale on arrival: 4 x 13
+        wait_until(lambda: service.accounting()["groups_received"] == 6, what="6 groups received")
+        c = service.accounting()
+        assert (c["tokens_trained"], c["tokens_no_signal"], c["tokens_duplicate"], c["tokens_stale_on_arrival"],
+                c["tokens_in_queue"], c["tokens_stale_at_dequeue"]) == (12, 20, 8, 52, 72, 0)
+        assert c["tokens_received"] == 4 * (3 + 5 + 7 + 11 + 2 + 13)
+        # the two groups of 7 and 11 tokens were queued but sampled with version 0 (now stale at dequeue)
+        assert service.next_batch(2, timeout=0.5) == []
+        c = service.accounting()
+        assert c["tokens_stale_at_dequeue"] == 4 * (7 + 11) and c["tokens_queued"] == 4 * (3 + 5 + 7 + 11)
+        assert balance_violations(c) == []
         client.close()

@@ -15,7 +15,7 @@ from google.protobuf import descriptor as _descriptor
 from wire_helpers import FakeClock
 
 from actors.weight_staging import WeightTransferError, stage_weights
-from learner.accounting import GROUP_COUNTERS, balance_violations
+from learner.accounting import GROUP_COUNTERS, TOKEN_COUNTERS, balance_violations
 from learner.group_queue import GroupQueue, is_stale
 from learner.group_validation import GroupRecord
 from learner.prompt_source import MAX_EARLIER_HOLDERS, LeaseInfo, Prompt, PromptSource, PromptState
@@ -356,9 +356,11 @@ def test_staleness_bound():
 
 
 def test_balance_violations_names_the_broken_invariant():
-    counts = dict.fromkeys(GROUP_COUNTERS, 0) | {
+    counts = dict.fromkeys(GROUP_COUNTERS + TOKEN_COUNTERS, 0) | {
         "groups_in_queue": 0,
         "groups_in_batch": 0,
+        "tokens_in_queue": 0,
+        "tokens_in_batch": 0,
         "groups_stale": 0,
         "prompts_leased": 0,
         "prompts_reissued": 0,
@@ -369,4 +371,9 @@ def test_balance_violations_names_the_broken_invariant():
     counts["groups_received"] = 1
     assert [v.split(":")[0] for v in balance_violations(counts)] == [
         "received = queued + duplicate + stale_on_arrival + invalid + retry + too_long"
+    ]
+    counts["groups_received"] = 0
+    counts["tokens_trained"] = 12  # trained tokens that were never queued
+    assert [v.rsplit(":", 1)[0] for v in balance_violations(counts)] == [
+        "tokens: queued = trained + no_signal + in_queue + in_batch + stale_at_dequeue + forgotten"
     ]
