@@ -39,6 +39,9 @@ class EngineSettings(BaseModel):
     idle_poll_s: float = Field(0.2, gt=0, description="wait when the learner has no prompt to lease and sends "
                                                      "no retry hint")
     weight_retry_s: float = Field(5.0, ge=0, description="wait before re-fetching a failed transfer")
+    weight_drain_steps: int = Field(64, ge=0, description="async: engine steps a new weight version waits for the "
+                                                         "groups in flight to finish before it aborts the rest "
+                                                         "(sampled again on the new weights)")
     num_cpus: float = Field(1.0, ge=0, description="Ray CPUs per actor (plus one 'rollout' resource)")
     sync: bool = Field(False, description="synchronous RL: sample one batch per weight version, then wait for "
                                           "the next (needs max_staleness=0; see actors/rollout_actor.py)")

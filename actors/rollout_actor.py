@@ -9,14 +9,16 @@ finishes and sent once scored, and the room it leaves is leased again, so no gro
 longest completion of a batch.
 
 Threads: ``run()`` is the sampling loop. A weights thread watches the learner's latest version,
-downloads and verifies a new version *while the engine keeps sampling*, then applies it under the
-engine lock, between two engine steps (also while the loop waits for credits). In-flight updates
-are abort-and-resample: the groups in the engine are aborted and sampled again on the new weights
-(their tokens are counted in ``tokens_aborted``), so every group comes from one version and carries
-the behaviour logprobs that produced it; its ``policy_version`` is that version, exact for the
-learner's staleness rule and importance ratios (the alternative, PipelineRL's in-flight update,
-keeps the tokens and records a version per token; with completions as short as RL rollouts on this
-scale, resampling wastes little and keeps the wire format and the loss unchanged). A version that
+downloads and checks a new version *while the engine keeps sampling*, then it is applied between
+two engine steps. An idle engine loads it at once. A busy one (async mode) stops taking new prompts
+and drains: the groups in flight finish on the weights they started with, and the version is loaded
+when none is left, or after ``weight_drain_steps`` engine steps, when the rest are aborted and
+sampled again on the new weights (their tokens counted in ``tokens_aborted``). Either way every
+group comes from one version and carries the behaviour logprobs that produced it; its
+``policy_version`` is that version, exact for the learner's staleness rule and importance ratios.
+(The alternative, PipelineRL's in-flight update, keeps the tokens and records a version per token;
+with completions as short as these, draining costs a few steps, wastes nothing, and keeps the wire
+format and the loss unchanged; measured in the README.) A version that
 fails its transfer or validation is reported and the actor keeps serving the one it has. A
 heartbeat thread reports liveness, version and throughput until ``stop()``, also after ``run()``
 returned (an idle actor is alive, not dead).
@@ -51,7 +53,7 @@ import psutil
 import ray
 
 from actors.config import ActorConfig
-from actors.engine import RolloutEngine, Sample, SamplingSpec, WeightSetError
+from actors.engine import CheckedWeights, RolloutEngine, Sample, SamplingSpec, WeightSetError
 from actors.groups import PROMPT_TOO_LONG, rejected_group, scored_group
 from actors.learner_client import LearnerClient, LearnerUnavailable, LeaseReply, Prompt, WeightTransferError
 from actors.scoring import RewardScorer
@@ -69,6 +71,16 @@ class WeightUpdate:
     version: int
     transfer_s: float  # download + checksum, overlapped with sampling
     stall_s: float     # time the engine could not sample: aborting + loading under the engine lock
+
+
+@dataclass
+class _ReadyWeights:
+    """A fetched and checked version waiting for the engine to drain (streaming mode)."""
+
+    version: int
+    weights: CheckedWeights
+    transfer_s: float
+    drain_steps_left: int
 
 
 @dataclass
@@ -122,7 +134,8 @@ class RolloutActor:
                                      max_tokens=config.max_tokens, stop=list(config.stop),
                                      stop_token_ids=list(config.stop_token_ids))
         self.counters = ActorCounters()
-        self._engine_lock = threading.Lock()  # one generate or one weight load at a time
+        # one engine step, generate or weight load at a time (re-entrant: a load pauses the engine)
+        self._engine_lock = threading.RLock()
         self._update_lock = threading.Lock()  # one fetch-and-apply at a time (weights thread or sync wait)
         self._last_batch: tuple[int, int] | None = None  # sync mode: (version sampled with, consumed count)
         self._idle_since: dict[str, float] = {}  # idle counter -> perf_counter() when its running wait began
@@ -138,6 +151,7 @@ class RolloutActor:
         self._threads: list[threading.Thread] = []  # weights + heartbeat, alive until stop()
         self._in_engine: dict[str, _InEngine] = {}  # async mode: group id -> its group being sampled
         self._scoring: list[_Scoring] = []  # async mode: sampled groups waiting for their scores
+        self._pending_weights: _ReadyWeights | None = None  # async mode: loaded once the engine drained
 
     # ------------------------------------------------------------------ public
 
@@ -264,9 +278,8 @@ class RolloutActor:
         """Async mode: keep up to prompts_per_batch groups in the engine, stepping it one step at a
         time; each group is scored the moment its last completion finishes and sent once scored, and
         freed room is leased again (once half the batch is free, or the engine is empty), so nothing
-        waits for the longest completion of a batch. A new weight version aborts the groups in flight
-        and samples them again on the new weights (``_engine_paused``): every group comes from one
-        version, with the behaviour logprobs that produced it."""
+        waits for the longest completion of a batch. A new weight version waiting to be loaded stops
+        the leasing until the engine has drained (``_load_when_drained``)."""
         batch = self.config.prompts_per_batch
         ask_after = 0.0  # monotonic time before which the learner told us not to ask again
         exhausted = False
@@ -274,7 +287,9 @@ class RolloutActor:
             if self._new_weights.is_set():
                 ask_after = 0.0  # our lease budget grew with the version
             room = batch - len(self._in_engine)
-            if not exhausted and time.monotonic() >= ask_after and (room >= max(1, batch // 2) or room == batch):
+            draining = self._pending_weights is not None  # new prompts wait for the new weights
+            if (not exhausted and not draining and time.monotonic() >= ask_after
+                    and (room >= max(1, batch // 2) or room == batch)):
                 reply = self._lease(room)
                 exhausted = reply.exhausted
                 if reply.prompts:
@@ -287,6 +302,7 @@ class RolloutActor:
                 self._wait_for_prompts(max(0.0, ask_after - time.monotonic()))
                 continue
             self._step_engine()
+            self._load_when_drained()
             self._send_scored(wait_s=0.0 if self._in_engine else SCORE_POLL_S)
 
     def _submit(self, leases: list[Prompt]) -> None:
@@ -470,7 +486,9 @@ class RolloutActor:
         Usually it is newer; it is older after the learner restarted from a checkpoint taken before
         the version we serve, and then we must go back to it (a group sampled with a version the
         learner never published would be refused as from the future)."""
-        if latest == self.version or time.monotonic() < self._retry_after.get(latest, 0.0):
+        pending = self._pending_weights
+        if (latest == self.version or (pending is not None and latest == pending.version)
+                or time.monotonic() < self._retry_after.get(latest, 0.0)):
             return
         start = time.perf_counter()
         try:
@@ -487,15 +505,45 @@ class RolloutActor:
             # the same bytes would fail again: wait for a newer version
             self._reject(staged.version, str(error), time.perf_counter() - start, retry_after_s=float("inf"))
             return
-        transfer_s = time.perf_counter() - start
+        ready = _ReadyWeights(staged.version, checked, time.perf_counter() - start, self.config.weight_drain_steps)
+        with self._engine_lock:
+            if self.engine.in_flight and not self.config.sync:
+                self._pending_weights = ready  # the sampling loop drains the engine, then loads it
+                return
+            stall_s = self._load(ready)
+        self._loaded(ready, stall_s)
+
+    def _load_when_drained(self) -> None:
+        """Streaming: load the pending version once the groups in flight have finished on the weights
+        they started with, or after weight_drain_steps engine steps (the rest is aborted and sampled
+        again on the new weights). Draining instead of aborting at once wastes no tokens when
+        completions are short; the bound keeps long ones from holding new weights back."""
+        with self._engine_lock:
+            ready = self._pending_weights
+            if ready is None:
+                return
+            if self.engine.in_flight and ready.drain_steps_left > 0:
+                ready.drain_steps_left -= 1
+                return
+            stall_s = self._load(ready)
+        self._loaded(ready, stall_s)
+
+    def _load(self, ready: _ReadyWeights) -> float:
+        """Apply a checked version between two engine steps (the caller holds the engine lock);
+        returns the stall."""
         with self._engine_paused():
-            stall_s = self.engine.load_weights(checked)
-            self.version = staged.version
-        self.counters.weight_updates.append(WeightUpdate(staged.version, transfer_s, stall_s))
-        self._report_weights(staged.version, applied=True, detail="", stall_s=stall_s, transfer_s=transfer_s)
+            stall_s = self.engine.load_weights(ready.weights)
+            self.version = ready.version
+            self._pending_weights = None
+        return stall_s
+
+    def _loaded(self, ready: _ReadyWeights, stall_s: float) -> None:
+        """Count and report a version just loaded."""
+        self.counters.weight_updates.append(WeightUpdate(ready.version, ready.transfer_s, stall_s))
+        self._report_weights(ready.version, applied=True, detail="", stall_s=stall_s, transfer_s=ready.transfer_s)
         self._new_weights.set()  # reported: the learner's lease budget for us has grown
-        log.debug("%s: applied weight version %d (transfer %.3fs, stall %.3fs)", self.actor_id, staged.version,
-                 transfer_s, stall_s)
+        log.debug("%s: applied weight version %d (transfer %.3fs, stall %.3fs)", self.actor_id, ready.version,
+                  ready.transfer_s, stall_s)
 
     def _reject(self, version: int, detail: str, transfer_s: float, retry_after_s: float) -> None:
         log.warning("%s: weight version %d not applied, still serving %d: %s", self.actor_id, version,

@@ -15,7 +15,8 @@ Rows (tandem | baseline | ratio):
   end to end RL steps/min asynchronous (actors sample with v while the learner trains v -> v+1,
              max_staleness 1)  |  synchronous (rollout.sync=true, max_staleness 0: sample, then train,
              then push); learner idle fraction (waiting in next_batch / wall) and actor idle fraction
-             (blocked on credits, waiting for prompts or a version, weight-load stall / wall) in both
+             (blocked on credits, waiting for prompts or a version, weight-load stall / wall) in both;
+             the fraction of sampled tokens wasted (aborted by a weight load, or in stale groups)
   service    (only with `--only service`) the learner service's admission: groups/s admitted (QUEUED)
              and acks/s (DUPLICATE re-sends) over one loopback StreamGroups call, per wall second and
              per second of the server's CPU time  |  the same with the service code of the commit
@@ -204,7 +205,9 @@ def table(results: dict) -> list[tuple[str, float | None, float | None, str]]:
                   "steps/min"),
                  ("end to end: learner idle fraction, async vs sync", a["learner_idle"], s["learner_idle"],
                   "frac"),
-                 ("end to end: actor idle fraction, async vs sync", a["actor_idle"], s["actor_idle"], "frac")]
+                 ("end to end: actor idle fraction, async vs sync", a["actor_idle"], s["actor_idle"], "frac"),
+                 ("end to end: sampled tokens wasted (aborted or stale), async vs sync", a["async_waste_fraction"],
+                  s["async_waste_fraction"], "frac")]
     service = results.get("service")
     if service:
         after, before = service["median"]["after"], service["median"]["before"]

@@ -1,8 +1,10 @@
-"""Abort-and-resample, step by step: a RolloutActor (in this process, real vLLM engine, real learner
-service on loopback gRPC, real reward pool on Ray) loads a new weight version while its groups are
-half sampled. The groups in flight are aborted, their tokens counted as thrown away, and sampled
-again on the new weights, so every group the learner receives carries the version that produced all
-of its tokens and behaviour logprobs equal to that version's (checked against transformers)."""
+"""A new weight version reaching a streaming actor whose groups are half sampled, step by step: a
+RolloutActor in this process (real vLLM engine, real learner service on loopback gRPC, real reward
+pool on Ray). It stops leasing and drains: the groups in flight finish on the weights they started
+with, then the version is loaded. With no drain allowed (weight_drain_steps=0) the groups in flight
+are aborted, their tokens counted as thrown away, and sampled again on the new weights. Either way
+every group the learner receives carries the version that produced all of its tokens, with that
+version's behaviour logprobs (checked against transformers)."""
 
 from __future__ import annotations
 
@@ -29,48 +31,59 @@ G = 4
 TEMPERATURE = 0.7
 
 
-@pytest.fixture
-def actor_and_service(ray_session, tmp_path):
+@pytest.fixture(params=[64, 0], ids=["drain", "abort"])
+def actor_and_service(ray_session, tmp_path, request):
     base = make_base_model(tmp_path / "base")
     sharp = write_weights_dir(base, tmp_path / "sharp", random_weights(load_tensors(base), seed=1))
     pool = RewardPool(RewardSpec(functions=[WeightedReward(ref="exact_match")]), num_workers=1)
     prompts = [Prompt(chat_prompt(f"{a}+{b}"), f"{a}+{b}", {"answer": str(a + b)}) for a, b in [(12, 30), (7, 8)]]
-    service = LearnerService(PromptSource(prompts), service_config(
+    service = LearnerService(PromptSource(prompts, epochs=None), service_config(
         queue_capacity=8, max_staleness=1000, group_size=G, lease_seconds=60.0, vocab_size=vocab_size_for()))
     address = service.start()
     config = actor_config(base, group_size=G, temperature=TEMPERATURE, max_tokens=12, max_model_len=64,
-                          kv_cache_gib=0.125, prompts_per_batch=2, num_cpus=0)
+                          kv_cache_gib=0.125, prompts_per_batch=2, num_cpus=0, weight_drain_steps=request.param)
     actor = RolloutActor("actor-0", config, address, pool.handles())
     actor.client.register(actor.capabilities(), actor.version)
-    yield actor, service, sharp
+    yield actor, service, {0: base, 1: sharp}
     actor.client.close()
     actor.engine.shutdown()
     service.stop()
     pool.shutdown()
 
 
-def test_a_version_loaded_mid_sampling_aborts_the_groups_in_flight_and_samples_them_again(actor_and_service):
-    actor, service, sharp = actor_and_service
+def test_a_version_arriving_mid_sampling_drains_or_aborts_and_every_group_keeps_one_version(actor_and_service):
+    actor, service, dirs = actor_and_service
+    drain = actor.config.weight_drain_steps > 0
     actor._submit(actor.client.lease_prompts(2).prompts)
     actor._step_engine()  # every completion has its first token from version 0
     assert actor.engine.in_flight == 2 and not actor._scoring
 
-    service.publish_weights(1, load_tensors(sharp).items())
-    actor._maybe_update_weights(1)  # what the weights thread does between two steps
-    assert actor.version == 1 and actor.stats().versions_applied == (1,)
-    assert actor.stats().tokens_aborted >= 2 * G  # at least the first token of each completion
-    assert actor.engine.in_flight == 2 and {g.version for g in actor._in_engine.values()} == {1}
-
+    service.publish_weights(1, load_tensors(dirs[1]).items())
+    actor._maybe_update_weights(1)  # what the weights thread does: fetched and checked, waiting
+    assert actor.version == 0 and actor._pending_weights.version == 1 and actor.engine.in_flight == 2
+    steps = 0
     while actor._in_engine or actor._scoring:
         actor._step_engine()
+        actor._load_when_drained()
         actor._send_scored(wait_s=0.05)
+        steps += 1
+        if drain:
+            assert actor.version == (1 if not actor._in_engine else 0)  # loaded only once drained
+    assert actor.version == 1 and actor.stats().versions_applied == (1,) and actor._pending_weights is None
+    if drain:
+        expected_version, aborted = 0, 0
+    else:  # loaded after the first step; at least the first token of each completion thrown away
+        expected_version, aborted = 1, actor.stats().tokens_aborted
+        assert aborted >= 2 * G
+    assert actor.stats().tokens_aborted == aborted
+
     records = service.next_batch(2, timeout=30)
-    assert len(records) == 2 and {r.policy_version for r in records} == {1}
-    model = hf_model(sharp)
+    assert len(records) == 2 and {r.policy_version for r in records} == {expected_version}
+    model = hf_model(dirs[expected_version])
     deltas = np.concatenate([
         np.abs(np.asarray(c.logprobs) - sampled_token_logprobs(model, r.prompt_ids, c.token_ids, TEMPERATURE))
         for r in records for c in r.completions])
-    assert deltas.max() < 1e-3, deltas.max()  # every token from version 1, none left from version 0
+    assert deltas.max() < 1e-3, deltas.max()  # every token from that one version
     stats = actor.stats()
     assert stats.groups_sent == 2 and stats.tokens_generated == sum(len(c.token_ids) for r in records
                                                                     for c in r.completions)

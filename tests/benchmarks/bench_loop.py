@@ -9,6 +9,7 @@ measures over the steps after ``--warmup`` (compilation excluded):
   actor_idle               time an actor was blocked on credits, waiting for prompts or for a weight
                            version, or stalled by a weight load / wall time (mean over actors)
   loop_tokens_per_s        tokens the actors generated / wall time (rewards, gRPC, pushes included)
+  async_waste_fraction     (tokens aborted by weight loads + tokens of stale groups) / tokens sampled
   weight push              bytes / (fetch + verify + load into vLLM) per update, the raw loopback
                            TCP copy of the same bytes, and the load stall / generation time
 Modes: ``async`` as configured (actors sample with v while the learner trains v -> v+1, staleness
@@ -40,8 +41,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
 DEMO_CONFIG = ROOT / "launch" / "configs" / "demo_rl.yaml"
-ACTOR_COUNTERS = ("tokens_generated", "generate_seconds", "credit_wait_seconds", "prompt_wait_seconds",
-                  "version_wait_seconds")
+ACTOR_COUNTERS = ("tokens_generated", "tokens_aborted", "generate_seconds", "credit_wait_seconds",
+                  "prompt_wait_seconds", "version_wait_seconds")
 
 
 def pin_threads(cpus: set[int]) -> None:
@@ -178,6 +179,11 @@ def run_loop(prepared, args: argparse.Namespace, split) -> dict:
         "stall_s_per_update": (sum(w["stall_seconds"] for w in windows) / len(pushes)) if pushes else None,
         "tcp_loopback_bytes_per_s": tcp_loopback_bytes_per_s(weight_bytes),
         "groups_stale": accounting.get("groups_stale", 0),
+        # asynchrony's waste over the measured steps: tokens aborted by weight loads, and the tokens of
+        # groups dropped as stale (whole run: the learner's ledger has no window), of all sampled
+        "async_waste_fraction": (sum(w["tokens_aborted"] for w in windows) + accounting["tokens_stale_on_arrival"]
+                                 + accounting["tokens_stale_at_dequeue"])
+                                / max(1, tokens + sum(w["tokens_aborted"] for w in windows)),
         "groups_consumed": accounting.get("groups_consumed", 0),
     }
     ray.shutdown()
