@@ -35,7 +35,8 @@ class EngineSettings(BaseModel):
     max_prompt_tokens: int = Field(48, ge=1, description="longer prompts are rejected, not sampled")
     max_model_len: int = Field(128, ge=2, description="the engines' context length")
     kv_cache_gib: float = Field(1.0, gt=0, description="KV cache of each actor's vLLM engine")
-    prompts_per_batch: int = Field(4, ge=1, description="prompts leased and sampled per engine call")
+    prompts_per_batch: int = Field(4, ge=1, description="groups an actor samples at once (async: kept in flight, "
+                                                       "freed room leased again; sync: one batch per version)")
     idle_poll_s: float = Field(0.2, gt=0, description="wait when the learner has no prompt to lease and sends "
                                                      "no retry hint")
     weight_retry_s: float = Field(5.0, ge=0, description="wait before re-fetching a failed transfer")

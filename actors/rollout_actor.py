@@ -26,9 +26,10 @@ returned (an idle actor is alive, not dead).
 Synchronous mode (``ActorConfig.sync``, with the learner's ``max_staleness=0``): after sending a
 batch sampled with version v the actor leases nothing until the learner has published a newer
 version and the engine serves it, so sampling and training alternate instead of overlapping (the
-baseline the asynchronous mode is measured against). It samples with v again only if the learner
-rejected that whole batch (nothing left to wait for). Each actor then contributes one batch per
-version, so set ``prompts_per_step = num_actors × prompts_per_batch``.
+baseline the asynchronous mode is measured against). It samples with v again only when the lease
+budget (η = 0) has room for it: groups the learner rejected, or retired without signal (dynamic
+sampling), gave their slots back. Each actor then contributes one batch per version (plus those
+refills), so set ``prompts_per_step = num_actors × prompts_per_batch``.
 
 Idle time is counted (``stats()``): blocked on credits, waiting for prompts (the learner's lease
 budget allows (max_staleness + step + 1)·prompts_per_step prompts in use; a refused actor sleeps for
@@ -137,7 +138,7 @@ class RolloutActor:
         # one engine step, generate or weight load at a time (re-entrant: a load pauses the engine)
         self._engine_lock = threading.RLock()
         self._update_lock = threading.Lock()  # one fetch-and-apply at a time (weights thread or sync wait)
-        self._last_batch: tuple[int, int] | None = None  # sync mode: (version sampled with, consumed count)
+        self._last_batch: int | None = None  # sync mode: the version the last batch was sampled with
         self._idle_since: dict[str, float] = {}  # idle counter -> perf_counter() when its running wait began
         self._stop = threading.Event()
         self._idle = threading.Event()  # set while run() is not looping
@@ -377,7 +378,6 @@ class RolloutActor:
         if not fits:
             return
         sampled_at = time.time()
-        consumed_before = self.client.counts().get("consumed", 0)
         with self._engine_lock:
             version = self.version  # the weights these samples come from
             start = time.perf_counter()
@@ -402,7 +402,7 @@ class RolloutActor:
                 sample_seconds=sample_s / len(fits), score_seconds=score_s / len(fits),
                 sampled_at=sampled_at))
             self.counters.groups_sent += 1
-        self._last_batch = (version, consumed_before)
+        self._last_batch = version
 
     def _send(self, group) -> None:
         """Hand a group to the client; blocks while the learner has no credits for us (backpressure)."""
@@ -436,12 +436,14 @@ class RolloutActor:
     def _await_next_version(self) -> None:
         """Sync mode: after a batch sampled with version v, wait until the engine serves a newer one.
 
-        Stops waiting early when every group of that batch got its final ack and none was consumed
-        (all rejected): the learner still needs samples of v.
+        Stops waiting early once every group of that batch got its final ack without a newer version:
+        then the lease budget decides. It has room only when the learner still wants samples of v
+        (groups rejected, or retired without signal by dynamic sampling, gave their slots back);
+        otherwise the lease is refused until the new version is loaded.
         """
         if self._last_batch is None:
             return
-        version, consumed_before = self._last_batch
+        version = self._last_batch
         updates_before = len(self.counters.weight_updates)
         with self._idle_time("version_wait_seconds"):
             while not self._stop.is_set() and self.version <= version:
@@ -455,8 +457,7 @@ class RolloutActor:
                         self._maybe_update_weights(latest)
                     if self.version > version:
                         break
-                elif (not self.client.unacked_count()
-                      and self.client.counts().get("consumed", 0) == consumed_before):
+                elif not self.client.unacked_count():
                     break
                 self._stop.wait(SYNC_POLL_S)
         self._last_batch = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from contextlib import ExitStack
 from dataclasses import asdict
 from typing import Any
@@ -69,8 +70,10 @@ def held_out_evals(run: Run, loop: RLLoop, evaluator: Evaluator | None,
     def on_step(step: int, metrics: dict[str, float]) -> None:
         if evaluator is None or not every or step % every:
             return
+        started = time.perf_counter()
         evals[step] = evaluator.evaluate(tensors=loop.trainer.hf_tensors())
         metrics.update({f"eval/{k}": v for k, v in evals[step].items()})
+        metrics["eval_s"] = time.perf_counter() - started  # the learner's pause (time-to-accuracy subtracts it)
         tqdm.write(f"[rl] eval at step {step}: {evals[step]}")
         if evals[step]["pass@1_greedy"] >= max(e["pass@1_greedy"] for e in evals.values()):
             loop.trainer.export_hf(run.run_dir / "hf_best", tokenizer_dir=run.model_dir)
