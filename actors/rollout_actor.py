@@ -23,17 +23,17 @@ fails its transfer or validation is reported and the actor keeps serving the one
 heartbeat thread reports liveness, version and throughput until ``stop()``, also after ``run()``
 returned (an idle actor is alive, not dead).
 
-Synchronous mode (``ActorConfig.sync``, with the learner's ``max_staleness=0``): after sending a
-batch sampled with version v the actor leases nothing until the learner has published a newer
-version and the engine serves it, so sampling and training alternate instead of overlapping (the
-baseline the asynchronous mode is measured against). It samples with v again only when the lease
-budget (η = 0) has room for it: groups the learner rejected, or retired without signal (dynamic
+Synchronous mode (``ActorConfig.sync``, with the learner's ``max_staleness=0``): the actor samples
+whole batches, and the lease budget with η = 0 paces it: after a batch sampled with version v it is
+refused until the learner has trained on it and the engine serves the newer version, so sampling and
+training alternate instead of overlapping (the baseline the asynchronous mode is measured against).
+It samples with v again only when groups the learner rejected, or retired without signal (dynamic
 sampling), gave their slots back. Each actor then contributes one batch per version (plus those
 refills), so set ``prompts_per_step = num_actors × prompts_per_batch``.
 
 Idle time is counted (``stats()``): blocked on credits, waiting for prompts (the learner's lease
 budget allows (max_staleness + step + 1)·prompts_per_step prompts in use; a refused actor sleeps for
-the retry hint the learner sends, never spins), waiting for a version.
+the retry hint the learner sends, or until it loaded newer weights; never spins).
 
 Create it as a Ray actor through ``actors.fleet`` (resources ``{"rollout": 1}``, several concurrent
 calls so that ``stats()`` and ``stop()`` answer while ``run()`` loops).
@@ -63,7 +63,6 @@ from actors.stats import ActorStats
 log = logging.getLogger(__name__)
 
 WEIGHT_POLL_S = 0.1  # how often the weights thread looks at the latest version (a local read)
-SYNC_POLL_S = 0.02  # sync mode: how often a waiting actor asks the learner for its latest version
 SCORE_POLL_S = 0.05  # an actor with nothing in its engine waits this long at most for one group's scores
 
 
@@ -114,7 +113,6 @@ class ActorCounters:
     weight_rejections: int = 0
     credit_wait_seconds: float = 0.0   # blocked in send_group: the learner's queue is full
     prompt_wait_seconds: float = 0.0   # no prompt to lease
-    version_wait_seconds: float = 0.0  # sync mode: waiting for the next version (and its fetch, not its load)
 
 
 class RolloutActor:
@@ -137,8 +135,7 @@ class RolloutActor:
         self.counters = ActorCounters()
         # one engine step, generate or weight load at a time (re-entrant: a load pauses the engine)
         self._engine_lock = threading.RLock()
-        self._update_lock = threading.Lock()  # one fetch-and-apply at a time (weights thread or sync wait)
-        self._last_batch: int | None = None  # sync mode: the version the last batch was sampled with
+        self._update_lock = threading.Lock()  # one fetch-and-apply at a time (weights thread, run()'s catch-up)
         self._idle_since: dict[str, float] = {}  # idle counter -> perf_counter() when its running wait began
         self._stop = threading.Event()
         self._idle = threading.Event()  # set while run() is not looping
@@ -177,7 +174,8 @@ class RolloutActor:
         try:
             info = self.client.register(self.capabilities(), self.version)
             self._heartbeat_s = info.heartbeat_interval_s
-            self._maybe_update_weights(info.latest_version)  # never sample with weights known to be old
+            with self._update_lock:
+                self._maybe_update_weights(info.latest_version)  # never sample with weights known to be old
             if not self._threads:
                 self._threads = [threading.Thread(target=loop, name=f"{self.actor_id}{loop.__name__}",
                                                   daemon=True)
@@ -213,7 +211,6 @@ class RolloutActor:
             generate_seconds=c.generate_seconds,
             credit_wait_seconds=self._idle_seconds("credit_wait_seconds"),
             prompt_wait_seconds=self._idle_seconds("prompt_wait_seconds"),
-            version_wait_seconds=self._idle_seconds("version_wait_seconds"),
             unacked=self.client.unacked_count(),
             engine_busy_s=time.monotonic() - started if started else 0.0,
             rss_bytes=psutil.Process().memory_info().rss,
@@ -262,11 +259,9 @@ class RolloutActor:
             self._new_weights.wait(seconds)
 
     def _sample_in_batches(self) -> None:
-        """Sync mode: one batch per weight version, sampled whole, then wait for the next version."""
+        """Sync mode: lease a batch, sample it whole, send it; the lease budget (η = 0) refuses the next
+        batch until the learner has trained on this one and we serve its new version."""
         while not self._stop.is_set():
-            self._await_next_version()
-            if self._stop.is_set():
-                break
             reply = self._lease(self.config.prompts_per_batch)
             if not reply.prompts:
                 if reply.exhausted:
@@ -402,7 +397,6 @@ class RolloutActor:
                 sample_seconds=sample_s / len(fits), score_seconds=score_s / len(fits),
                 sampled_at=sampled_at))
             self.counters.groups_sent += 1
-        self._last_batch = version
 
     def _send(self, group) -> None:
         """Hand a group to the client; blocks while the learner has no credits for us (backpressure)."""
@@ -432,38 +426,6 @@ class RolloutActor:
         started = self._idle_since.get(counter)
         running = time.perf_counter() - started if started is not None else 0.0
         return getattr(self.counters, counter) + running
-
-    def _await_next_version(self) -> None:
-        """Sync mode: after a batch sampled with version v, wait until the engine serves a newer one.
-
-        Stops waiting early once every group of that batch got its final ack without a newer version:
-        then the lease budget decides. It has room only when the learner still wants samples of v
-        (groups rejected, or retired without signal by dynamic sampling, gave their slots back);
-        otherwise the lease is refused until the new version is loaded.
-        """
-        if self._last_batch is None:
-            return
-        version = self._last_batch
-        updates_before = len(self.counters.weight_updates)
-        with self._idle_time("version_wait_seconds"):
-            while not self._stop.is_set() and self.version <= version:
-                try:
-                    latest = self.client.heartbeat(self.version, self.client.unacked_count())
-                except Exception as error:  # the learner may be restarting; keep asking
-                    log.warning("%s: version poll failed: %s", self.actor_id, error)
-                    latest = version
-                if latest > version:
-                    with self._update_lock:
-                        self._maybe_update_weights(latest)
-                    if self.version > version:
-                        break
-                elif not self.client.unacked_count():
-                    break
-                self._stop.wait(SYNC_POLL_S)
-        self._last_batch = None
-        # the weight loads during the wait are counted as stall_s already: keep the counters disjoint
-        loads = self.counters.weight_updates[updates_before:]
-        self.counters.version_wait_seconds -= sum(u.stall_s for u in loads)
 
     # ------------------------------------------------------------------ weights
 

@@ -45,8 +45,6 @@ class ActorStats:
     """idle, blocked on the learner's credits (its queue is full)"""
     prompt_wait_seconds: float
     """idle, no prompt to lease"""
-    version_wait_seconds: float
-    """idle, sync mode: waiting for the next version"""
     unacked: int
     """groups sent without a final ack yet"""
     engine_busy_s: float

@@ -15,7 +15,7 @@ Rows (tandem | baseline | ratio):
   end to end RL steps/min asynchronous (actors sample with v while the learner trains v -> v+1,
              max_staleness 1)  |  synchronous (rollout.sync=true, max_staleness 0: sample, then train,
              then push); learner idle fraction (waiting in next_batch / wall) and actor idle fraction
-             (blocked on credits, waiting for prompts or a version, weight-load stall / wall) in both;
+             (blocked on credits, waiting for prompts or budget, weight-load stall / wall) in both;
              the fraction of sampled tokens wasted (aborted by a weight load, or in stale groups)
   service    (only with `--only service`) the learner service's admission: groups/s admitted (QUEUED)
              and acks/s (DUPLICATE re-sends) over one loopback StreamGroups call, per wall second and

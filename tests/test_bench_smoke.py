@@ -45,11 +45,11 @@ def test_pieces_fill_every_row_of_the_table(model_dir):
                  "rollout.group_size=2", "rollout.max_tokens=4", "rollout.queue_capacity=4"]
     sync = measure_mode("sync", steps=3, warmup=1, overrides=overrides, standalone=True)
     assert sync["groups_stale"] == 0 and sync["groups_consumed"] == 3 * 4  # sample, train, push: never stale
-    assert sync["actor_idle_parts"]["version_wait_seconds"] > 0  # the actor waited for each new version
+    assert sync["actor_idle_parts"]["prompt_wait_seconds"] > 0  # refused by the budget until each new version
     assert 0 <= sync["learner_idle"] <= 1 and 0 <= sync["actor_idle"] <= 1
 
     rows = bench.table({"rollout": rollout, "grpo": grpo, "loop": {"async": sync, "sync": sync}})
-    assert len(rows) == 12
+    assert len(rows) == 13
     for name, ours, *_ in rows:
         assert ours is not None and ours >= 0, name
     text = bench.format_table(rows)

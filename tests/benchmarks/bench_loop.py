@@ -6,8 +6,9 @@ Runs launch/configs/demo_rl.yaml (or --config) in a fresh local Ray for ``--step
 measures over the steps after ``--warmup`` (compilation excluded):
   steps_per_min            RL steps per minute
   learner_idle             time the learner waited in next_batch / wall time
-  actor_idle               time an actor was blocked on credits, waiting for prompts or for a weight
-                           version, or stalled by a weight load / wall time (mean over actors)
+  actor_idle               time an actor was blocked on credits, waiting for prompts (the lease budget
+                           also holds it until it serves a new version), or stalled by a weight load
+                           / wall time (mean over actors)
   loop_tokens_per_s        tokens the actors generated / wall time (rewards, gRPC, pushes included)
   async_waste_fraction     (tokens aborted by weight loads + tokens of stale groups) / tokens sampled
   weight push              bytes / (fetch + verify + load into vLLM) per update, the raw loopback
@@ -42,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
 DEMO_CONFIG = ROOT / "launch" / "configs" / "demo_rl.yaml"
 ACTOR_COUNTERS = ("tokens_generated", "tokens_aborted", "generate_seconds", "credit_wait_seconds",
-                  "prompt_wait_seconds", "version_wait_seconds")
+                  "prompt_wait_seconds")
 
 
 def pin_threads(cpus: set[int]) -> None:
@@ -164,7 +165,7 @@ def run_loop(prepared, args: argparse.Namespace, split) -> dict:
     windows = [actor_window(before[a], after[a]) for a in after if a in before]
     tokens = sum(w["tokens_generated"] for w in windows)
     generate_s = sum(w["generate_seconds"] for w in windows)
-    idle_keys = ("credit_wait_seconds", "prompt_wait_seconds", "version_wait_seconds", "stall_seconds")
+    idle_keys = ("credit_wait_seconds", "prompt_wait_seconds", "stall_seconds")
     idle = [sum(w[k] for k in idle_keys) / wall for w in windows]
     pushes = [weight_bytes / (t + s) for w in windows for t, s in zip(w["transfer_seconds"], w["stalls"],
                                                                        strict=True)]
