@@ -93,8 +93,9 @@ class RolloutConfig(EngineSettings, AdmissionSettings, Section):
 
     num_actors: int = Field(1, ge=0, description="rollout actors in the fleet")
     publish_every: int = Field(1, ge=1, description="publish new weights every this many steps")
-    generate_timeout_s: float = Field(600.0, gt=0, description="an engine busy this long in one generate "
-                                                               "call counts as hung and is replaced")
+    generate_timeout_s: float = Field(600.0, gt=0, description="an engine busy this long in one call (a "
+                                                               "streaming step, or a sync-mode generate) counts as "
+                                                               "hung and is replaced")
     restart: RestartPolicy = Field(RestartPolicy(), description="how actors that keep failing are replaced")
     fleet_name: str = Field(FLEET_NAME, min_length=1, description="Ray name of the run's detached fleet; "
                                                                   "runs sharing a cluster need their own")

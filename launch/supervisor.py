@@ -4,8 +4,9 @@ An actor is replaced when
   - Ray reports it dead (process killed, node lost, or its ``run()`` raised): ``fleet.dead()``;
   - the learner has not heard from it for ``actor_timeout_s`` (``LearnerService.actors_status()``
     marks it stale: process frozen, network cut);
-  - its engine has been inside one ``generate`` for longer than ``generate_timeout_s`` (the heartbeat
-    thread still beats, but the engine stopped answering), or it does not answer ``stats()``.
+  - its engine has been inside one call (a streaming step, or a sync-mode ``generate``) for longer
+    than ``generate_timeout_s`` (the heartbeat thread still beats, but the engine stopped
+    answering), or it does not answer ``stats()``.
 
 A replacement is a new RolloutActor with a new id; it fetches the learner's current weights before
 it samples. Replacements follow the fleet's RestartPolicy (back-off for actors that die right after
@@ -118,7 +119,7 @@ class FleetSupervisor:
         for actor_id in hung:
             s = stats[actor_id]
             log.warning("rollout actor %s looks hung: %s", actor_id,
-                        s.error if isinstance(s, NoAnswer) else f"one generate busy for {s.engine_busy_s:.1f} s")
+                        s.error if isinstance(s, NoAnswer) else f"one engine call busy for {s.engine_busy_s:.1f} s")
         done += self._replace(hung, "hung")
         self.report.checks += 1
         self._check_given_up()

@@ -142,12 +142,13 @@ def freeze_actor(fleet, actor_id: str) -> None:
 
 
 def hang_engine(fleet, actor_id: str) -> None:
-    """Make the actor's next generate block forever: heartbeats go on, samples stop."""
+    """Make the actor's next engine call (a streaming step, or a whole generate in sync mode) block
+    forever: heartbeats go on, samples stop."""
     import ray
 
     def hang(actor) -> None:
         forever = threading.Event()
-        actor.engine.generate = lambda *args, **kwargs: forever.wait()
+        actor.engine.poll = actor.engine.generate = lambda *args, **kwargs: forever.wait()
 
     ray.get(actor_handle(fleet, actor_id).__ray_call__.remote(hang), timeout=30)
 
