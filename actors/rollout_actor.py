@@ -305,8 +305,12 @@ class RolloutActor:
         """Refuse the prompts too long for us, and add the others' groups to the running batch."""
         for lease in self._fitting(leases):
             with self._engine_lock:
-                self.engine.submit(lease.group_id, lease.prompt_ids, self.sampling)
-                self._in_engine[lease.group_id] = _InEngine(lease, self.version, time.time(), time.perf_counter())
+                self._submit_one(lease)
+
+    def _submit_one(self, lease: Prompt) -> None:
+        """Add one lease's group to the engine, sampled with the version served now (engine lock held)."""
+        self.engine.submit(lease.group_id, lease.prompt_ids, self.sampling)
+        self._in_engine[lease.group_id] = _InEngine(lease, self.version, time.time(), time.perf_counter())
 
     def _step_engine(self) -> None:
         """One engine step; start scoring every group it finished."""
@@ -350,9 +354,7 @@ class RolloutActor:
                 yield
             finally:
                 for key in aborted:
-                    sampled = self._in_engine[key]
-                    self.engine.submit(key, sampled.lease.prompt_ids, self.sampling)
-                    self._in_engine[key] = _InEngine(sampled.lease, self.version, time.time(), time.perf_counter())
+                    self._submit_one(self._in_engine[key].lease)
 
     def _fitting(self, leases: list[Prompt]) -> list[Prompt]:
         """The leases worth sampling: a prompt too long for us is refused (the learner retires it); a
