@@ -6,6 +6,8 @@ Runs launch/configs/demo_rl.yaml (or --config) in a fresh local Ray for ``--step
 measures over the steps after ``--warmup`` (compilation excluded):
   steps_per_min            RL steps per minute
   learner_idle             time the learner waited in next_batch / wall time
+  learner_busy             time in its updates and weight publishes / wall time
+  actor_busy               time inside engine steps / wall time (mean over actors)
   actor_idle               time an actor was blocked on credits, waiting for prompts (the lease budget
                            also holds it until it serves a new version), or stalled by a weight load
                            / wall time (mean over actors)
@@ -84,9 +86,11 @@ def run(args: argparse.Namespace) -> dict:
     from launch.run import prepare, setup_process
 
     setup_process()
-    # The model is created from scratch, so every group is all-wrong and the demo's dynamic sampling
-    # ('fill') would retire them all: the loop's throughput is measured without it (an override wins).
-    overrides = ["algo.dynamic_sampling=off", *args.overrides]
+    # The model is created from scratch, so every group is all-wrong: the demo's dynamic sampling
+    # ('fill') would retire them all, and train.skip_no_signal would skip every update, leaving the
+    # learner idle (an earlier version of this benchmark measured exactly that: 3 ms "steps"). Both
+    # are off so that every step makes the full update a step with signal makes (an override wins).
+    overrides = ["algo.dynamic_sampling=off", "train.skip_no_signal=false", *args.overrides]
     if args.mode == "sync":
         overrides += ["rollout.sync=true", "rollout.max_staleness=0"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -139,6 +143,7 @@ def run_loop(prepared, args: argparse.Namespace, split) -> dict:
     fleet.scale(rollout.num_actors)
     marks: dict[str, tuple[float, dict[str, ActorStats]]] = {}
     waits: list[float] = []
+    busy: list[float] = []  # the learner's update + weight publish, per measured step
 
     def snapshot() -> tuple[float, dict[str, ActorStats]]:
         stats = {a: ray.get(h.stats.remote()) for a, h in fleet.actors().items()}
@@ -149,6 +154,7 @@ def run_loop(prepared, args: argparse.Namespace, split) -> dict:
             marks["start"] = snapshot()
         elif step > args.warmup:
             waits.append(metrics["learner_wait_s"])
+            busy.append(metrics.get("learner_step_s", 0.0) + metrics.get("publish_s", 0.0))
         if step == args.steps:
             marks["end"] = snapshot()
 
@@ -172,6 +178,7 @@ def run_loop(prepared, args: argparse.Namespace, split) -> dict:
     result = {
         "wall_s": wall, "steps_per_min": (args.steps - args.warmup) / wall * 60,
         "learner_idle": sum(waits) / wall, "actor_idle": sum(idle) / len(idle),
+        "learner_busy": sum(busy) / wall, "actor_busy": generate_s / wall / len(windows),
         "actor_idle_parts": {k: sum(w[k] for w in windows) / wall / len(windows) for k in idle_keys},
         "loop_tokens_per_s": tokens / wall, "actor_generate_tokens_per_s": tokens / generate_s,
         "weight_bytes": weight_bytes, "weight_updates": len(pushes),
