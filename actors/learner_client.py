@@ -170,9 +170,11 @@ class LearnerClient:
             return True
 
     def heartbeat(
-        self, weight_version: int, groups_in_flight: int = 0, tokens_per_second: float = 0.0
+        self, weight_version: int, groups_in_flight: int = 0, tokens_per_second: float = 0.0,
+        time_shares: dict[str, float] | None = None,
     ) -> int:
-        """Report liveness; returns the latest published version."""
+        """Report liveness (and where our time went since the last heartbeat, pb.TimeShares' fields);
+        returns the latest published version."""
         reply = self._unary(
             "Heartbeat",
             pb.HeartbeatRequest(
@@ -181,6 +183,7 @@ class LearnerClient:
                 weight_version=weight_version,
                 groups_in_flight=groups_in_flight,
                 tokens_per_second=tokens_per_second,
+                time_shares=pb.TimeShares(**(time_shares or {})),
             ),
         )
         with self._cond:

@@ -58,7 +58,7 @@ from actors.engine import CheckedWeights, RolloutEngine, Sample, SamplingSpec, W
 from actors.groups import PROMPT_TOO_LONG, rejected_group, scored_group
 from actors.learner_client import LearnerClient, LearnerUnavailable, LeaseReply, Prompt, WeightTransferError
 from actors.scoring import RewardScorer
-from actors.stats import ActorStats
+from actors.stats import ActorStats, TimeShareMeter
 
 log = logging.getLogger(__name__)
 
@@ -527,13 +527,22 @@ class RolloutActor:
 
     # ------------------------------------------------------------------ liveness
 
+    def _time_totals(self) -> dict[str, float]:
+        """Cumulative seconds per activity, as pb.TimeShares names them (waits still running included)."""
+        return {"busy": self.counters.generate_seconds,
+                "lease_wait": self._idle_seconds("prompt_wait_seconds"),
+                "credit_wait": self._idle_seconds("credit_wait_seconds"),
+                "weight_stall": sum(u.stall_s for u in self.counters.weight_updates)}
+
     def _heartbeat_loop(self) -> None:
         tokens_per_second = 0.0
+        meter = TimeShareMeter(time.perf_counter(), self._time_totals())
         while not self._stop.wait(self._heartbeat_s):
             c = self.counters
             if c.generate_seconds:
                 tokens_per_second = c.tokens_generated / c.generate_seconds
+            shares = meter.read(time.perf_counter(), self._time_totals())
             try:
-                self.client.heartbeat(self.version, self.client.unacked_count(), tokens_per_second)
+                self.client.heartbeat(self.version, self.client.unacked_count(), tokens_per_second, shares)
             except Exception as error:  # the learner may be restarting; keep beating
                 log.warning("%s: heartbeat failed: %s", self.actor_id, error)

@@ -54,6 +54,23 @@ class ActorStats:
     """resident memory of the actor's process"""
 
 
+class TimeShareMeter:
+    """Where the wall time went since the previous reading, from cumulative seconds per activity
+    (the shares an actor's heartbeat carries: busy, lease_wait, credit_wait, weight_stall).
+
+    The shares add up to at most 1: a weight stall is counted when it ends and may reach back into
+    the previous interval, so an interval whose counted seconds exceed its length is scaled down."""
+
+    def __init__(self, now: float, totals: dict[str, float]) -> None:
+        self._now, self._totals = now, dict(totals)
+
+    def read(self, now: float, totals: dict[str, float]) -> dict[str, float]:
+        deltas = {k: max(0.0, v - self._totals.get(k, 0.0)) for k, v in totals.items()}
+        span = max(now - self._now, sum(deltas.values()), 1e-9)
+        self._now, self._totals = now, dict(totals)
+        return {k: min(1.0, d / span) for k, d in deltas.items()}
+
+
 @dataclass(frozen=True)
 class NoAnswer:
     """An actor that did not answer ``stats()`` in time (``ActorFleet.stats()``)."""

@@ -56,6 +56,17 @@ class Capabilities:
     max_prompt_tokens: int = 0  # 0 = not declared
 
 
+@dataclass(frozen=True)
+class TimeShares:
+    """Where an actor's wall time went over its last heartbeat interval (pb.TimeShares): fractions of
+    it sampling, waiting for the lease budget, blocked on credits, stalled by a weight load."""
+
+    busy: float = 0.0
+    lease_wait: float = 0.0
+    credit_wait: float = 0.0
+    weight_stall: float = 0.0
+
+
 @dataclass
 class ActorRecord:
     """What the learner knows of one actor: its registration and what it last reported. The learner's
@@ -72,6 +83,7 @@ class ActorRecord:
     timeout_s: float = field(compare=False)  # silent for longer: stale
     groups_in_flight: int = 0
     tokens_per_second: float = 0.0
+    time_shares: TimeShares = TimeShares()
     last_weight_report: dict[str, Any] | None = None
     superseded: deque[str] = field(default_factory=lambda: deque(maxlen=SUPERSEDED_KEPT))
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from learner.actor_registry import Capabilities
+from learner.actor_registry import Capabilities, TimeShares
 from learner.weight_versions import NO_VERSION
-from learner.wire_bounds import InvalidInput, check_int, check_nonnegative, check_text
+from learner.wire_bounds import InvalidInput, check_fraction, check_int, check_nonnegative, check_text
 from tandem_wire import WIRE_VERSION, pb
 from tandem_wire.limits import (
     MAX_DETAIL_CHARS,
@@ -18,6 +18,8 @@ from tandem_wire.limits import (
     MAX_LABEL_CHARS,
     MAX_MODEL_LEN,
 )
+
+SHARES_SLACK = 1e-6  # rounding the actor's four divisions may add
 
 
 def caller(request: Any) -> str:
@@ -48,11 +50,22 @@ def served_version(version: int) -> int:
     return check_int("weight_version", version, NO_VERSION)
 
 
-def heartbeat(request: pb.HeartbeatRequest) -> tuple[int, int, float]:
-    """(weight_version, groups_in_flight, tokens_per_second) of a heartbeat."""
+def heartbeat(request: pb.HeartbeatRequest) -> tuple[int, int, float, TimeShares]:
+    """(weight_version, groups_in_flight, tokens_per_second, time_shares) of a heartbeat."""
     return (served_version(request.weight_version),
             check_int("groups_in_flight", request.groups_in_flight, 0, MAX_GROUPS_IN_FLIGHT),
-            check_nonnegative("tokens_per_second", request.tokens_per_second))
+            check_nonnegative("tokens_per_second", request.tokens_per_second),
+            time_shares(request.time_shares))
+
+
+def time_shares(shares: pb.TimeShares) -> TimeShares:
+    """Shares of one interval's wall time: each in [0, 1], and together at most the whole of it."""
+    checked = TimeShares(**{field: check_fraction(f"time_shares.{field}", getattr(shares, field))
+                            for field in ("busy", "lease_wait", "credit_wait", "weight_stall")})
+    total = checked.busy + checked.lease_wait + checked.credit_wait + checked.weight_stall
+    if total > 1 + SHARES_SLACK:
+        raise InvalidInput(f"time_shares add up to {total:.6g} > 1")
+    return checked
 
 
 def weight_report(request: pb.WeightReport) -> dict[str, Any]:

@@ -73,8 +73,8 @@ def assemble_rl_batch(
     """Pad `groups` into an `RLBatch` and return it with host-side batch statistics.
 
     Statistics: reward mean/std over scorable completions, fraction of zero-signal groups, count of
-    unscorable completions, staleness (current_version − policy_version) mean/max over groups, and
-    the number of loss tokens.
+    unscorable completions, staleness (current_version − policy_version) mean/max over groups and its
+    histogram (``staleness_groups/k``: groups k versions behind), and the number of loss tokens.
     """
     if not groups:
         raise ValueError("no groups to assemble")
@@ -131,6 +131,8 @@ def assemble_rl_batch(
         "unscorable_completions": float(adv.num_unscorable),
         "staleness_mean": float(staleness.mean()),
         "staleness_max": float(staleness.max()),
+        # the histogram: groups k versions behind, for k = 0 .. the oldest in the batch
+        **{f"staleness_groups/{k}": float(n) for k, n in enumerate(np.bincount(staleness.astype(np.int64)))},
         "num_groups": float(len(groups)),
         "loss_tokens": float(completion_mask.astype(bool).sum()),
     }

@@ -223,4 +223,10 @@ class RLLoop:
         live["actor_tokens_per_s"] = float(sum(a.tokens_per_second for a in actors))
         if actors:
             live["version_lag_max"] = float(max(self.version - a.weight_version for a in actors))
+        # where each actor's time went over its last heartbeat interval, and the fleet's mean
+        for share in ("busy", "lease_wait", "credit_wait", "weight_stall"):
+            values = {a.actor_id: getattr(a.time_shares, share) for a in actors}
+            live.update({f"actor_{share}_fraction/{actor_id}": v for actor_id, v in values.items()})
+            if values:
+                live[f"actor_{share}_fraction"] = sum(values.values()) / len(values)
         return live

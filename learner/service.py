@@ -375,11 +375,12 @@ class LearnerService(rpc.LearnerServicer):
     @served
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatReply:
         actor_id = request_checks.caller(_decoded(request))
-        version, in_flight, tokens_per_second = request_checks.heartbeat(request)
+        version, in_flight, tokens_per_second, shares = request_checks.heartbeat(request)
         with self._cond:
             actor = self._caller(context, actor_id)
             actor.weight_version = self._versions.served(version)
             actor.groups_in_flight, actor.tokens_per_second = in_flight, tokens_per_second
+            actor.time_shares = shares
             return pb.HeartbeatReply(latest_version=self._latest_version)
 
     @served
@@ -470,6 +471,7 @@ class LearnerService(rpc.LearnerServicer):
                         seconds_since_heartbeat=a.seconds_since_heartbeat,
                         groups_in_flight=a.groups_in_flight,
                         tokens_per_second=a.tokens_per_second,
+                        time_shares=pb.TimeShares(**dataclasses.asdict(a.time_shares)),
                     )
                     for a in self._registry.records()
                 ],

@@ -50,6 +50,13 @@ def check_nonnegative(what: str, value: float) -> float:
     return value
 
 
+def check_fraction(what: str, value: float) -> float:
+    """`value` if it is a finite number in [0, 1] (a share of wall time)."""
+    if not math.isfinite(value) or not 0 <= value <= 1:
+        raise InvalidInput(f"{what} {value} is not a fraction in [0, 1]")
+    return value
+
+
 def check_metadata(metadata: Mapping[str, str]) -> dict[str, str]:
     """The metadata as a dict, if its entry count, keys and values are within bounds."""
     if len(metadata) > MAX_METADATA_ENTRIES:

@@ -164,19 +164,33 @@ class RegisterReply(_message.Message):
     credential: str
     def __init__(self, latest_version: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., credits: _Optional[int] = ..., max_staleness: _Optional[int] = ..., credential: _Optional[str] = ...) -> None: ...
 
+class TimeShares(_message.Message):
+    __slots__ = ("busy", "lease_wait", "credit_wait", "weight_stall")
+    BUSY_FIELD_NUMBER: _ClassVar[int]
+    LEASE_WAIT_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_WAIT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_STALL_FIELD_NUMBER: _ClassVar[int]
+    busy: float
+    lease_wait: float
+    credit_wait: float
+    weight_stall: float
+    def __init__(self, busy: _Optional[float] = ..., lease_wait: _Optional[float] = ..., credit_wait: _Optional[float] = ..., weight_stall: _Optional[float] = ...) -> None: ...
+
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("wire_version", "actor_id", "weight_version", "groups_in_flight", "tokens_per_second")
+    __slots__ = ("wire_version", "actor_id", "weight_version", "groups_in_flight", "tokens_per_second", "time_shares")
     WIRE_VERSION_FIELD_NUMBER: _ClassVar[int]
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     GROUPS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    TIME_SHARES_FIELD_NUMBER: _ClassVar[int]
     wire_version: WireVersion
     actor_id: str
     weight_version: int
     groups_in_flight: int
     tokens_per_second: float
-    def __init__(self, wire_version: _Optional[_Union[WireVersion, str]] = ..., actor_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., groups_in_flight: _Optional[int] = ..., tokens_per_second: _Optional[float] = ...) -> None: ...
+    time_shares: TimeShares
+    def __init__(self, wire_version: _Optional[_Union[WireVersion, str]] = ..., actor_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., groups_in_flight: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_shares: _Optional[_Union[TimeShares, _Mapping]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("latest_version",)
@@ -314,18 +328,20 @@ class WeightReportReply(_message.Message):
     def __init__(self) -> None: ...
 
 class ActorStatus(_message.Message):
-    __slots__ = ("actor_id", "weight_version", "seconds_since_heartbeat", "groups_in_flight", "tokens_per_second")
+    __slots__ = ("actor_id", "weight_version", "seconds_since_heartbeat", "groups_in_flight", "tokens_per_second", "time_shares")
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     GROUPS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    TIME_SHARES_FIELD_NUMBER: _ClassVar[int]
     actor_id: str
     weight_version: int
     seconds_since_heartbeat: float
     groups_in_flight: int
     tokens_per_second: float
-    def __init__(self, actor_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., groups_in_flight: _Optional[int] = ..., tokens_per_second: _Optional[float] = ...) -> None: ...
+    time_shares: TimeShares
+    def __init__(self, actor_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., groups_in_flight: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_shares: _Optional[_Union[TimeShares, _Mapping]] = ...) -> None: ...
 
 class Accounting(_message.Message):
     __slots__ = ("prompts_leased", "prompts_reissued", "groups_received", "groups_queued", "groups_consumed", "groups_duplicate", "groups_stale", "groups_invalid", "groups_retry", "completions_unscorable", "prompts_too_long", "groups_stale_on_arrival", "groups_stale_at_dequeue", "groups_in_queue", "groups_in_batch", "groups_forgotten_on_restart", "prompts_retired", "prompts_outstanding", "internal_errors", "lease_violations", "requests_invalid", "credentials_refused", "weight_reports_refused", "calls_refused_busy", "streams_idle_closed", "actors_superseded", "lease_slots_in_use", "tokens_received", "tokens_queued", "tokens_duplicate", "tokens_stale_on_arrival", "tokens_invalid", "tokens_retry", "tokens_trained", "tokens_no_signal", "tokens_stale_at_dequeue", "tokens_forgotten_on_restart", "tokens_in_queue", "tokens_in_batch")

@@ -218,3 +218,7 @@ def test_backpressure_stops_the_actor_at_the_queue_bound_with_flat_memory(rig):
     assert last.groups_sent - first.groups_sent <= 1, (first.groups_sent, last.groups_sent)
     assert last.unacked <= QUEUE_CAPACITY + load_config(None).rollout.prompts_per_batch + 2
     assert last.rss_bytes - first.rss_bytes < 32 * 2**20, (first.rss_bytes, last.rss_bytes)
+    # its heartbeats say where its time went: blocked on credits, not sampling
+    [status] = rig.service.actors_status()
+    shares = status.time_shares
+    assert shares.credit_wait > 0.8 and shares.busy < 0.1, shares

@@ -69,6 +69,9 @@ def test_assembly_layout_advantages_and_statistics():
     assert stats["reward_mean"] == pytest.approx(np.mean([1, 0, 0, 1, 1, 1, 1]))
     assert stats["pass_rate"] == pytest.approx(5 / 7)
     assert stats["staleness_mean"] == 2.0 and stats["staleness_max"] == 3.0
+    # the histogram: one group 1 version behind (a), one 3 behind (b), none 0 or 2 behind
+    assert {k: v for k, v in stats.items() if k.startswith("staleness_groups/")} == {
+        "staleness_groups/0": 0, "staleness_groups/1": 1, "staleness_groups/2": 0, "staleness_groups/3": 1}
     assert stats["loss_tokens"] == 3 + 2 + 1
 
 

@@ -132,6 +132,14 @@ def test_request_bounds():
     for fields in (dict(weight_version=-2), dict(groups_in_flight=-1), dict(tokens_per_second=math.nan)):
         with pytest.raises(InvalidInput):
             request_checks.heartbeat(pb.HeartbeatRequest(**fields))
+    shares = dict(busy=0.5, lease_wait=0.25, credit_wait=0.125, weight_stall=0.125)
+    assert request_checks.heartbeat(pb.HeartbeatRequest(time_shares=pb.TimeShares(**shares)))[3].busy == 0.5
+    for bad, detail in ((dict(busy=math.nan), "time_shares.busy nan is not a fraction"),
+                        (dict(lease_wait=-0.1), "time_shares.lease_wait -0.1 is not a fraction"),
+                        (dict(weight_stall=1.5), "time_shares.weight_stall 1.5 is not a fraction"),
+                        (dict(shares, busy=0.6), "time_shares add up to 1.1 > 1")):
+        with pytest.raises(InvalidInput, match=detail):
+            request_checks.heartbeat(pb.HeartbeatRequest(time_shares=pb.TimeShares(**bad)))
     with pytest.raises(InvalidInput, match="detail has 1025 characters"):
         request_checks.weight_report(pb.WeightReport(detail="d" * 1025))
     with pytest.raises(InvalidInput, match="stall_seconds -1.0"):

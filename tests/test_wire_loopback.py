@@ -225,11 +225,14 @@ def test_heartbeats_track_actors_and_report_silent_ones_stale():
         info = a.register(CAPABILITIES, weight_version=-1)
         assert info.heartbeat_interval_s == pytest.approx(0.1) and info.max_staleness == 1
         for _ in range(5):
-            a.heartbeat(weight_version=0, groups_in_flight=3, tokens_per_second=120.0)
+            a.heartbeat(weight_version=0, groups_in_flight=3, tokens_per_second=120.0,
+                        time_shares={"busy": 0.75, "lease_wait": 0.125})
             time.sleep(0.1)
         views = {v.actor_id: v for v in service.actors_status()}
         assert not views["a"].stale and views["b"].stale
         assert views["a"].groups_in_flight == 3 and views["a"].tokens_per_second == 120.0
+        assert (views["a"].time_shares.busy, views["a"].time_shares.lease_wait) == (0.75, 0.125)
+        assert views["b"].time_shares.busy == 0  # never reported
         assert views["a"].capabilities.model_family == "qwen2"
         a.close()
         b.close()
