@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,12 +107,16 @@ class LearnerClient:
         *,
         tls_ca_path: str | None = None,
         call_timeout_s: float = 30.0,
+        on_announcement: Callable[[], None] | None = None,
     ) -> None:
+        """`on_announcement` is called (on the stream's thread) for each announcement on the group
+        stream: a new version, or a lease budget that grew, so a caller waiting for prompts asks again."""
         if not actor_id:
             raise ValueError("actor_id must be non-empty")
         self.address = address
         self.actor_id = actor_id
         self._call_timeout_s = call_timeout_s
+        self._on_announcement = on_announcement
         self._token_metadata = ((AUTH_METADATA_KEY, f"Bearer {auth_token}"),) if auth_token else ()
         self._credential: str | None = None  # this actor's credential, from the last Register
         self._register_lock = threading.Lock()  # one registration at a time (renewals must not race)
@@ -479,3 +483,5 @@ class LearnerClient:
                 self.rejections.append((ack.group_id, final, ack.detail))
                 log.debug("group %s %s: %s", ack.group_id, final, ack.detail)  # counted; the learner logs it too
             self._cond.notify_all()
+        if not ack.group_id and self._on_announcement is not None:
+            self._on_announcement()

@@ -33,7 +33,8 @@ refills), so set ``prompts_per_step = num_actors × prompts_per_batch``.
 
 Idle time is counted (``stats()``): blocked on credits, waiting for prompts (the learner's lease
 budget allows (max_staleness + step + 1)·prompts_per_step prompts in use; a refused actor sleeps for
-the retry hint the learner sends, or until it loaded newer weights; never spins).
+the retry hint the learner sends, or until it loaded newer weights or the learner announced on the
+group stream that the budget grew: a step, or slots given back; never spins).
 
 Create it as a Ray actor through ``actors.fleet`` (resources ``{"rollout": 1}``, several concurrent
 calls so that ``stats()`` and ``stop()`` answer while ``run()`` loops).
@@ -124,8 +125,11 @@ class RolloutActor:
         self.config = config
         self.engine = RolloutEngine(Path(config.hf_dir), max_model_len=config.max_model_len,
                                     kv_cache_gib=config.kv_cache_gib, seed=config.seed, dtype=config.dtype)
+        # set when our lease budget may have grown: we loaded a version, or the learner announced one, a
+        # step or slots given back on the group stream; it ends a wait for prompts
+        self._ask_again = threading.Event()
         self.client = LearnerClient(learner_address, actor_id, auth_token=config.auth_token,
-                                    tls_ca_path=config.tls_ca_path)
+                                    tls_ca_path=config.tls_ca_path, on_announcement=self._ask_again.set)
         self.scorer = RewardScorer(reward_handles)
         self.version = 0  # the HF dir the engine starts from is weight version 0
         self.max_prompt_tokens = min(config.max_prompt_tokens, self.engine.max_prompt_len)
@@ -139,7 +143,6 @@ class RolloutActor:
         self._idle_since: dict[str, float] = {}  # idle counter -> perf_counter() when its running wait began
         self._stop = threading.Event()
         self._idle = threading.Event()  # set while run() is not looping
-        self._new_weights = threading.Event()  # set when a newer version is loaded and reported
         self._idle.set()
         self._fatal: BaseException | None = None
         self._retry_after: dict[int, float] = {}  # failed version -> monotonic time it may be retried
@@ -223,7 +226,7 @@ class RolloutActor:
         re-issues those prompts to other actors.
         """
         self._stop.set()
-        self._new_weights.set()  # ends a wait for prompts
+        self._ask_again.set()  # ends a wait for prompts
         deadline = time.monotonic() + timeout_s
         # A loop blocked on credits (learner not consuming) would never notice: closing unblocks it.
         while not self._idle.wait(0.05) and not self._blocked_on_credits and time.monotonic() < deadline:
@@ -245,7 +248,7 @@ class RolloutActor:
     # ------------------------------------------------------------------ sampling loops
 
     def _lease(self, max_prompts: int) -> LeaseReply:
-        self._new_weights.clear()  # set again by the weights thread (or stop)
+        self._ask_again.clear()  # set again by a load, an announcement (or stop)
         try:
             return self.client.lease_prompts(max_prompts)
         except LearnerUnavailable as error:  # learner restarting: keep trying until stopped
@@ -253,10 +256,10 @@ class RolloutActor:
             return LeaseReply([], False, 0.0)
 
     def _wait_for_prompts(self, seconds: float) -> None:
-        """The lease budget counts from the version we serve: wait as long as the learner says, or
-        until we load newer weights (announced on the group stream)."""
+        """The lease budget counts from the version we serve and grows with the learner's steps: wait
+        as long as the learner says, or until we load newer weights or the learner announces room."""
         with self._idle_time("prompt_wait_seconds"):
-            self._new_weights.wait(seconds)
+            self._ask_again.wait(seconds)
 
     def _sample_in_batches(self) -> None:
         """Sync mode: lease a batch, sample it whole, send it; the lease budget (η = 0) refuses the next
@@ -280,8 +283,8 @@ class RolloutActor:
         ask_after = 0.0  # monotonic time before which the learner told us not to ask again
         exhausted = False
         while not self._stop.is_set():
-            if self._new_weights.is_set():
-                ask_after = 0.0  # our lease budget grew with the version
+            if self._ask_again.is_set():
+                ask_after = 0.0  # our lease budget may have grown
             room = batch - len(self._in_engine)
             draining = self._pending_weights is not None  # new prompts wait for the new weights
             if (not exhausted and not draining and time.monotonic() >= ask_after
@@ -506,7 +509,7 @@ class RolloutActor:
         """Count and report a version just loaded."""
         self.counters.weight_updates.append(WeightUpdate(ready.version, ready.transfer_s, stall_s))
         self._report_weights(ready.version, applied=True, detail="", stall_s=stall_s, transfer_s=ready.transfer_s)
-        self._new_weights.set()  # reported: the learner's lease budget for us has grown
+        self._ask_again.set()  # reported: the learner's lease budget for us has grown
         log.debug("%s: applied weight version %d (transfer %.3fs, stall %.3fs)", self.actor_id, ready.version,
                   ready.transfer_s, stall_s)
 

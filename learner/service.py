@@ -247,6 +247,8 @@ class LearnerService(rpc.LearnerServicer):
                 self._accounting.add_all({"groups_consumed": 1,
                                           "tokens_trained" if trained else "tokens_no_signal": record.tokens})
                 self._notify_actor(record.actor_id, group_id, pb.ACK_STATUS_CONSUMED, "")
+            if not trained:
+                self._announce()  # their slots are back
 
     def publish_weights(self, version: int, tensors: Iterable[tuple[str, np.ndarray]]) -> None:
         """Serialise, checksum and publish a weight version; actors see it in acks and heartbeats.
@@ -261,8 +263,7 @@ class LearnerService(rpc.LearnerServicer):
             self._versions.published(version)
             self._latest_version = version
             self._version_steps[version] = self._step
-            for actor_id, stream in self._sinks.items():  # announce it: an actor waiting for budget loads it now
-                stream.offer(pb.GroupAck(credits=self._credits(actor_id), latest_version=version))
+            self._announce()  # an actor waiting for budget loads it now
 
     def set_step(self, step: int) -> None:
         """The learner has completed `step` steps: the lease budget grows to match."""
@@ -270,6 +271,7 @@ class LearnerService(rpc.LearnerServicer):
             if step != self._step:
                 self._pace.stepped(time.monotonic())
             self._step = step
+            self._announce()
 
     @property
     def latest_version(self) -> int:
@@ -562,8 +564,10 @@ class LearnerService(rpc.LearnerServicer):
             self._cond.notify_all()
         elif decision.effect is Effect.RETIRE:
             self._prompts.retire(group_id, trained=False)
+            self._announce()  # its slot is back
         elif decision.effect is Effect.RELEASE:
             self._prompts.release(group_id, holder=sender.holder)
+            self._announce()
         if decision.status == pb.ACK_STATUS_STALE:
             self._record_stale(group_id, sender.actor_id, msg.policy_version, in_queue=False)
         tokens = 0 if isinstance(msg, Undecodable) else sum(len(c.token_ids) for c in msg.completions)
@@ -579,9 +583,17 @@ class LearnerService(rpc.LearnerServicer):
             if self._sinks.get(stream.actor_id) is stream:
                 del self._sinks[stream.actor_id]
 
+    def _announce(self) -> None:
+        """An ack with no group on every open group stream: the newest version and the actor's credits.
+        Sent when a version is published and when the lease budget grows (a step, slots given back),
+        so that an actor waiting for prompts asks again now, not at its retry hint."""
+        for actor_id, stream in self._sinks.items():
+            stream.offer(pb.GroupAck(credits=self._credits(actor_id), latest_version=self._latest_version))
+
     def _drop_stale_at_dequeue(self, record: GroupRecord) -> None:
         self._queue.finish(record.group_id)
         self._prompts.release(record.group_id)
+        self._announce()
         self._accounting.add_all({"groups_stale_at_dequeue": 1, "tokens_stale_at_dequeue": record.tokens})
         self._record_stale(record.group_id, record.actor_id, record.policy_version, in_queue=True)
         self._notify_actor(

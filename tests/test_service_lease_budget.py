@@ -4,6 +4,8 @@ and after the learner's step advances the actor gets more."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from wire_helpers import connected_client, make_group, make_prompts, running_service, wait_until
 
@@ -92,6 +94,30 @@ def test_a_new_version_is_announced_on_every_open_group_stream():
         service.publish_weights(1, weights)
         wait_until(lambda: client.latest_version == 1, timeout=5, what="the announced version")
         assert client.counts()["unacked"] == 1 and client.is_unacked(lease.group_id)
+        client.close()
+
+
+def test_slots_given_back_and_steps_are_announced_so_a_waiting_actor_asks_again_at_once():
+    """A refused actor sleeps until its retry hint (up to RETRY_MAX_S) unless told the budget grew:
+    groups retired without signal, and a learner step, are announced on its group stream."""
+    announced = threading.Event()
+    with running_service(PromptSource(make_prompts(64)), prompts_per_step=B, max_staleness=0) as (service, address):
+        client = connected_client(address, on_announcement=announced.set)
+        leases = client.lease_prompts(B).prompts
+        assert len(leases) == B and client.lease_prompts(1).prompts == []  # η = 0: one batch, then refused
+        for i, lease in enumerate(leases):
+            client.send_group(make_group(lease, client.actor_id, seed=i))
+        batch = service.next_batch(B, timeout=10)
+        announced.clear()
+        service.mark_consumed([r.group_id for r in batch[:2]], trained=False)  # no signal: 2 slots back
+        assert announced.wait(5), "slots given back were not announced"
+        assert len(client.lease_prompts(B).prompts) == 2
+        announced.clear()
+        service.mark_consumed([r.group_id for r in batch[2:]])
+        assert not announced.wait(0.5)  # trained on: the slots stay taken until the step completes
+        service.set_step(1)
+        assert announced.wait(5), "the step was not announced"
+        assert len(client.lease_prompts(2 * B).prompts) == B  # (η + 1 + 1)·B = 2B: 2 trained, 2 re-leased, B new
         client.close()
 
 
