@@ -14,9 +14,13 @@ Rows (tandem | baseline | ratio):
   learner    GRPO step (loss + grad) tokens/s and peak memory, chunked logprobs  |  tunix grpo_loss_fn
   end to end RL steps/min asynchronous (actors sample with v while the learner trains v -> v+1,
              max_staleness 1)  |  synchronous (rollout.sync=true, max_staleness 0: sample, then train,
-             then push); learner idle fraction (waiting in next_batch / wall) and actor idle fraction
-             (blocked on credits, waiting for prompts or budget, weight-load stall / wall) in both;
-             the fraction of sampled tokens wasted (aborted by a weight load, or in stale groups)
+             then push), in each configuration of LOOP_CONFIGS (the demo, where a learner step takes
+             about as long as sampling its batch; 4 prompts x G=4, where sampling dominates;
+             96-token completions, where the learner dominates; `--loop-configs` picks); each side's busy
+             fraction (learner: update + publish / wall; actor: inside engine steps / wall) and idle
+             fraction (learner: waiting in next_batch / wall; actor: blocked on credits, waiting for
+             prompts or budget, weight-load stall / wall) in both modes; the fraction of sampled
+             tokens wasted (aborted by a weight load, or in stale groups)
   service    (only with `--only service`) the learner service's admission: groups/s admitted (QUEUED)
              and acks/s (DUPLICATE re-sends) over one loopback StreamGroups call, per wall second and
              per second of the server's CPU time  |  the same with the service code of the commit
@@ -31,7 +35,7 @@ the async/sync ratio shows. Each mode runs in a fresh process with its own local
 of one invocation, not absolute numbers across invocations.
 
 Sizes. Default: the demo (launch/configs/demo_rl.yaml: tiny qwen2 3 layers d=128, 32 prompts x G=8,
-8 new tokens; 20 RL steps per mode); rollout comparison 32 prompts x G=8 x 64 tokens; GRPO step on the
+8 new tokens; 20 RL steps per mode and configuration); rollout comparison 32 prompts x G=8 x 64 tokens; GRPO step on the
 demo's batch (256 rows x 24+8 tokens, the demo's vocabulary). `--quick`: seconds-scale sizes (smaller
 batches, 5 RL steps) for a smoke check of the whole runner (~5 min on 2 busy cores).
 
@@ -88,6 +92,17 @@ SIZES = {
                              "rollout.queue_capacity=10"], service=(500, 3)),
 }
 MODEL_SECTIONS = ("rollout", "grpo", "loop")  # the default; they share the config and the model
+# The end-to-end configurations (overrides of --config), each run async and sync. Measured on the
+# demo's tiny model on 2 cores (async busy fractions): the demo's learner step (0.65-1.0 s) takes
+# about as long as sampling its batch (0.7-0.8 s); 4 prompts x G=4 leave the learner little to do
+# while vLLM's cost per engine step stays (sampling dominates: actor busy 0.72, learner 0.55);
+# 96-token completions make every learner sequence 4x longer (learner busy 0.99).
+LOOP_CONFIGS = {
+    "demo": [],
+    "sampling": ["train.prompts_per_step=4", "rollout.prompts_per_batch=4", "rollout.group_size=4",
+                 "rollout.queue_capacity=6", "rollout.max_tokens=32"],
+    "long": ["rollout.max_tokens=96", "rollout.max_model_len=128"],
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -108,6 +123,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grpo-completion", type=int, default=8)
     parser.add_argument("--only", nargs="+", choices=(*MODEL_SECTIONS, "service"),
                         help=f"run only these sections (default: {' '.join(MODEL_SECTIONS)})")
+    parser.add_argument("--loop-configs", nargs="+", choices=tuple(LOOP_CONFIGS),
+                        help="end-to-end configurations to run (default: all; --quick: demo)")
     parser.add_argument("--service-baseline", help="git revision of the service rows' baseline "
                                                    "(default: bench_service.BASELINE)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the RL config")
@@ -141,20 +158,28 @@ def grpo_rows(args: argparse.Namespace, sizes: dict) -> dict:
 
 
 def loop_rows(args: argparse.Namespace, sizes: dict, overrides: list[str], config) -> dict:
-    """The RL loop asynchronous vs synchronous, pinned; the async run also times the engine alone."""
+    """Per configuration of LOOP_CONFIGS: the RL loop asynchronous vs synchronous, pinned; the demo's
+    async run also times the engine alone."""
     from bench_loop import measure_mode
 
     steps, warmup = args.steps or sizes["loop"][0], args.warmup or sizes["loop"][1]
-    actors = config.rollout.num_actors
-    if config.train.prompts_per_step % actors:
-        raise SystemExit(f"sync mode needs prompts_per_step ({config.train.prompts_per_step}) divisible by "
-                         f"the number of actors ({actors})")
-    sync = [*overrides, f"rollout.prompts_per_batch={config.train.prompts_per_step // actors}"]
-    return {
-        "async": measure_mode("async", steps=steps, warmup=warmup, overrides=overrides, config=args.config,
-                              standalone=True),
-        "sync": measure_mode("sync", steps=steps, warmup=warmup, overrides=sync, config=args.config),
-    }
+    names = args.loop_configs or (["demo"] if args.quick else list(LOOP_CONFIGS))
+    out = {}
+    for name in names:
+        extra = [*overrides, *LOOP_CONFIGS[name]]
+        loaded = load_config(args.config, extra)
+        actors = loaded.rollout.num_actors
+        if loaded.train.prompts_per_step % actors:
+            raise SystemExit(f"sync mode needs prompts_per_step ({loaded.train.prompts_per_step}) divisible by "
+                             f"the number of actors ({actors})")
+        sync = [*extra, f"rollout.prompts_per_batch={loaded.train.prompts_per_step // actors}"]
+        out[name] = {
+            "overrides": LOOP_CONFIGS[name],
+            "async": measure_mode("async", steps=steps, warmup=warmup, overrides=extra, config=args.config,
+                                  standalone=name == "demo"),
+            "sync": measure_mode("sync", steps=steps, warmup=warmup, overrides=sync, config=args.config),
+        }
+    return out
 
 
 def service_rows(args: argparse.Namespace, sizes: dict) -> dict:
@@ -173,8 +198,9 @@ def table(results: dict) -> list[tuple[str, float | None, float | None, str]]:
     """(measure, tandem, baseline, unit) rows; the ratio is tandem / baseline."""
     rows = []
     loop = results.get("loop")
-    if loop:
-        a, s = loop["async"], loop["sync"]
+    demo = loop.get("demo") if loop else None  # the weight and in-loop rollout rows are the demo's
+    if demo:
+        a, s = demo["async"], demo["sync"]
         rows += [("rollout: actor tok/s in RL loop (async) vs engine alone", a["loop_tokens_per_s"],
                   a["standalone_tokens_per_s"], "tok/s"),
                  ("rollout: actor tok/s in RL loop (sync) vs engine alone", s["loop_tokens_per_s"],
@@ -184,8 +210,8 @@ def table(results: dict) -> list[tuple[str, float | None, float | None, str]]:
         for length in ("natural", "fixed"):
             rows.append((f"rollout: vLLM vs transformers generate, {length} length",
                          rate(roll["vllm"][length]), rate(roll["transformers"][length]), "tok/s"))
-    if loop:
-        a, s = loop["async"], loop["sync"]
+    if demo:
+        a, s = demo["async"], demo["sync"]
         push = a["push_bytes_per_s"] and a["push_bytes_per_s"] / MIB
         rows += [(f"weights: push {a['weight_bytes'] / MIB:.1f} MiB applied vs raw loopback TCP", push,
                   a["tcp_loopback_bytes_per_s"] / MIB, "MiB/s"),
@@ -199,15 +225,20 @@ def table(results: dict) -> list[tuple[str, float | None, float | None, str]]:
                   v["tunix"]["tokens_per_s"], "tok/s"),
                  (f"learner: GRPO step peak memory ({grpo['peak']}), tandem vs tunix", v["tandem"]["peak_mb"],
                   v["tunix"]["peak_mb"], "MB")]
-    if loop:
-        a, s = loop["async"], loop["sync"]
-        rows += [("end to end: RL steps/min, async vs sync", a["steps_per_min"], s["steps_per_min"],
+    for name, runs in (loop or {}).items():
+        a, s = runs["async"], runs["sync"]
+        rows += [(f"end to end ({name}): RL steps/min, async vs sync", a["steps_per_min"], s["steps_per_min"],
                   "steps/min"),
-                 ("end to end: learner idle fraction, async vs sync", a["learner_idle"], s["learner_idle"],
+                 (f"end to end ({name}): learner busy fraction, async vs sync", a["learner_busy"],
+                  s["learner_busy"], "frac"),
+                 (f"end to end ({name}): learner idle fraction, async vs sync", a["learner_idle"],
+                  s["learner_idle"], "frac"),
+                 (f"end to end ({name}): actor busy fraction, async vs sync", a["actor_busy"], s["actor_busy"],
                   "frac"),
-                 ("end to end: actor idle fraction, async vs sync", a["actor_idle"], s["actor_idle"], "frac"),
-                 ("end to end: sampled tokens wasted (aborted or stale), async vs sync", a["async_waste_fraction"],
-                  s["async_waste_fraction"], "frac")]
+                 (f"end to end ({name}): actor idle fraction, async vs sync", a["actor_idle"], s["actor_idle"],
+                  "frac"),
+                 (f"end to end ({name}): sampled tokens wasted (aborted or stale), async vs sync",
+                  a["async_waste_fraction"], s["async_waste_fraction"], "frac")]
     service = results.get("service")
     if service:
         after, before = service["median"]["after"], service["median"]["before"]

@@ -48,9 +48,12 @@ def test_pieces_fill_every_row_of_the_table(model_dir):
     assert sync["actor_idle_parts"]["prompt_wait_seconds"] > 0  # refused by the budget until each new version
     assert 0 <= sync["learner_idle"] <= 1 and 0 <= sync["actor_idle"] <= 1
 
-    rows = bench.table({"rollout": rollout, "grpo": grpo, "loop": {"async": sync, "sync": sync}})
-    assert len(rows) == 13
+    assert 0 < sync["learner_busy"] <= 1 and 0 < sync["actor_busy"] <= 1  # the learner trains every step
+
+    loop = {"demo": {"async": sync, "sync": sync}, "long": {"async": sync, "sync": sync}}
+    rows = bench.table({"rollout": rollout, "grpo": grpo, "loop": loop})
+    assert len(rows) == 9 + 2 * 6  # rollout, weight and GRPO rows, and 6 end-to-end rows per config
     for name, ours, *_ in rows:
         assert ours is not None and ours >= 0, name
     text = bench.format_table(rows)
-    assert "end to end: RL steps/min, async vs sync" in text and "1.00x" in text
+    assert "end to end (long): RL steps/min, async vs sync" in text and "1.00x" in text
