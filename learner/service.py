@@ -254,7 +254,7 @@ class LearnerService(rpc.LearnerServicer):
         Versions increase; the version restored by load_state_dict may be published once more."""
         with self._cond:
             self._check_publishable(version)
-        weights = pack_weights(version, tensors, self.config.weight_chunk_bytes)
+        weights = pack_weights(version, tensors, self.config.weight_chunk_bytes, self.config.server.weight_digest)
         with self._cond:
             self._check_publishable(version)
             self._weights.publish(weights)

@@ -1,7 +1,8 @@
 """Versioned weights: serialised once per version, checksummed, streamed in chunks.
 
 A version is one contiguous byte blob (each tensor 64-byte aligned, so the receiver can view
-every tensor in place) described by a WeightHeader of TensorSpecs, with the sha256 of the blob.
+every tensor in place) described by a WeightHeader of TensorSpecs, with the digest of the blob (the
+kind, tandem_wire.digest, named in the header: blake3 unless the server's config says sha256).
 The whole FetchWeights stream of a version (header, chunks, commit) is serialised once, at
 publish time, so serving it to each actor copies nothing in Python; the blob itself is not kept.
 The newest version is kept, and an older one only while a stream still reads it.
@@ -9,7 +10,6 @@ The newest version is kept, and an older one only while a stream still reads it.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from tandem_wire import WEIGHT_CHUNK_BYTES, pb
+from tandem_wire.digest import DEFAULT_DIGEST, hexdigest
 
 ALIGNMENT = 64
 WIRE_DTYPES = {
@@ -31,15 +32,16 @@ WIRE_DTYPES = {
 class WeightBlob:
     version: int
     header: pb.WeightHeader
-    checksum: str  # sha256 hex digest of the blob
+    checksum: str  # hex digest of the blob, of the kind header.checksum_algorithm names
     messages: tuple[bytes, ...]  # the serialised stream: WeightMessage header, chunks, commit
 
 
 def pack_weights(
-    version: int, tensors: Iterable[tuple[str, np.ndarray]], chunk_bytes: int = WEIGHT_CHUNK_BYTES
+    version: int, tensors: Iterable[tuple[str, np.ndarray]], chunk_bytes: int = WEIGHT_CHUNK_BYTES,
+    digest: str = DEFAULT_DIGEST,
 ) -> WeightBlob:
-    """Serialise named tensors (float32, bfloat16 or float16) into one aligned, checksummed blob,
-    cut into the serialised messages of its stream."""
+    """Serialise named tensors (float32, bfloat16 or float16) into one aligned blob with its `digest`
+    (a tandem_wire.digest kind), cut into the serialised messages of its stream."""
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
     arrays: list[tuple[str, np.ndarray]] = []
@@ -56,7 +58,7 @@ def pack_weights(
             )
         seen.add(name)
         arrays.append((name, array))
-    header = pb.WeightHeader(version=version, checksum_algorithm="sha256")
+    header = pb.WeightHeader(version=version, checksum_algorithm=digest)
     offset = 0
     for name, array in arrays:
         header.tensors.add(
@@ -68,7 +70,7 @@ def pack_weights(
     view = memoryview(blob)
     for spec, (_, array) in zip(header.tensors, arrays, strict=True):
         view[spec.offset : spec.offset + spec.nbytes] = array.reshape(-1).view(np.uint8)
-    checksum = hashlib.sha256(blob).hexdigest()
+    checksum = hexdigest(digest, blob)
     messages = [pb.WeightMessage(header=header).SerializeToString()]
     messages += [
         encode_chunk(version, start, view[start : start + chunk_bytes])

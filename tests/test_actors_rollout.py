@@ -180,7 +180,7 @@ def test_corrupted_publish_is_rejected_and_the_old_version_keeps_serving(rig, co
         monkeypatch.setattr(service_module, "pack_weights", pack_and_corrupt)
         version = rig.publish("sharp_a", good)
         monkeypatch.undo()
-        expected_detail = "sha256"
+        expected_detail = "blake3 mismatch"
     else:
         version = rig.publish("", {"nan": _nan, "wrong_shape": _wrong_shape}[corruption](good))
         expected_detail = {"nan": "non-finite", "wrong_shape": "shape"}[corruption]

@@ -7,7 +7,6 @@ a push: the fetch fails, nothing half-received is returned."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import os
 import signal
@@ -31,6 +30,7 @@ import actors.learner_client as learner_client_module
 import learner.service as service_module
 from actors.learner_client import LearnerClient, WeightTransferError
 from actors.weight_staging import stage_weights
+from tandem_wire.digest import hexdigest
 
 STEPS = 7
 CORRUPTED, CUT = 3, 5  # weight versions whose push breaks
@@ -165,4 +165,4 @@ def test_a_learner_killed_in_the_middle_of_a_push_leaves_the_previous_version_in
             learner.kill()
     assert received == [4]
     assert previous.version == 1 and previous.tensors[0][1].tobytes() == previous_bytes
-    assert hashlib.sha256(previous_bytes).hexdigest() == previous.checksum
+    assert hexdigest("blake3", previous_bytes) == previous.checksum

@@ -165,7 +165,7 @@ def _die_after_three(messages):
 @pytest.mark.parametrize(
     "damage, error",
     [
-        (_flip_a_byte, "sha256 mismatch"),
+        (_flip_a_byte, "blake3 mismatch"),
         (_die_after_three, "weight stream failed: UNKNOWN"),
         (lambda m: m[:-1], "truncated"),  # stream ends before the commit
         (lambda m: m[:3], "truncated"),  # stream ends mid-blob
