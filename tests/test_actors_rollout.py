@@ -3,7 +3,6 @@ gRPC, scored by a real reward pool; behaviour logprobs checked against transform
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from actors_helpers import (
     write_weights_dir,
 )
 from config_helpers import actor_config, service_config
+from weight_faults import damaging, flip_a_byte
 
 import learner.service as service_module
 from actors.fleet import ActorFleet
@@ -168,16 +168,9 @@ def test_corrupted_publish_is_rejected_and_the_old_version_keeps_serving(rig, co
     rejections = rig.stats().weight_rejections
     good = load_tensors(rig.dirs["sharp_a"])
     if corruption == "flipped_byte":
-        # A corruption after the checksum was taken: one payload byte of the first chunk flips.
-        pack = service_module.pack_weights
-
-        def pack_and_corrupt(*args, **kwargs):
-            blob = pack(*args, **kwargs)
-            chunk = bytearray(blob.messages[1])
-            chunk[len(chunk) // 2] ^= 0xFF
-            return dataclasses.replace(blob, messages=(blob.messages[0], bytes(chunk), *blob.messages[2:]))
-
-        monkeypatch.setattr(service_module, "pack_weights", pack_and_corrupt)
+        # A corruption after the digest was taken: a payload byte flips in the stream and the shared file.
+        monkeypatch.setattr(service_module, "pack_weights", damaging(service_module.pack_weights, {
+            rig.version + 1: flip_a_byte}))
         version = rig.publish("sharp_a", good)
         monkeypatch.undo()
         expected_detail = "blake3 mismatch"
