@@ -120,6 +120,8 @@ def test_actor_catches_up_then_groups_carry_g_completions_with_true_behaviour_lo
     assert [r.policy_version for r in records] == [1] * 4, "sampled before catching up to version 1"
     stats = rig.stats()
     assert stats.versions_applied[0] == 1 and len(stats.stall_seconds) >= 1
+    counts = rig.service.accounting()  # it caught up over the bulk path: the stream carried no blob
+    assert 0 < counts["weight_bytes_streamed"] < counts["weight_bytes_shared"] / 10, counts
     for r in records:
         assert len(r.completions) == G
         assert r.actor_id == stats.actor_id

@@ -41,7 +41,10 @@ CORRUPTED, CUT = 3, 5  # weight versions whose push breaks
 def test_broken_weight_pushes_leave_the_actor_on_its_last_complete_version(ray_session, tmp_path, monkeypatch):
     monkeypatch.setattr(service_module, "pack_weights",
                         damaging(service_module.pack_weights, {CORRUPTED: flip_a_byte, CUT: cut_before_commit}))
-    run = tiny_run(tmp_path / "run", steps=STEPS, checkpoint_every=STEPS)
+    # without the shared-memory bulk path (as for actors on other hosts): the gRPC stream carries every
+    # version, and the run completes on it
+    run = tiny_run(tmp_path / "run", steps=STEPS, checkpoint_every=STEPS,
+                   overrides=["server.weight_shared_memory=false"])
     loop = build_learner(run)
     address = loop.start()
     pool, fleet = start_fleet(run, address, num_actors=1)
@@ -83,6 +86,9 @@ def test_broken_weight_pushes_leave_the_actor_on_its_last_complete_version(ray_s
 
     history = final_history(steps.entries)
     check_run(accounting, history, STEPS)
+    version_bytes = loop.service._weights.acquire().header.total_bytes
+    assert accounting["weight_bytes_shared"] == 0
+    assert accounting["weight_bytes_streamed"] > len(stats.versions_applied) * version_bytes  # all streamed
     for version in (CORRUPTED, CUT):
         assert seen[version]["serving"] == version - 1, seen  # still on the previous complete version
         assert version not in stats.versions_applied, stats.versions_applied

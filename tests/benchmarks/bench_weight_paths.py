@@ -106,13 +106,13 @@ def fetch_rates(nbytes: int, repeats: int, kinds: tuple[str, ...] = ("sha256", "
         with running_service(weight_digest=kind) as (service, address):
             service.publish_weights(1, [("w", tensor)])
             for shared in (True, False):
-                client = connected_client(address, shared_memory=shared)
                 path = "shared memory" if shared else "grpc stream"
+                client = connected_client(address, path.replace(" ", "-"), shared_memory=shared)
                 rates[f"{path}, staged + {kind}"] = best_rate(nbytes, repeats, lambda c=client: timed(c.fetch_weights))
                 assert client.weight_fetches["shared" if shared else "streamed"] == repeats, client.weight_fetches
                 client.close()
             if transport and kind == kinds[-1]:
-                client = connected_client(address, shared_memory=False)
+                client = connected_client(address, "transport", shared_memory=False)
                 request = pb.FetchWeightsRequest(wire_version=WIRE_VERSION, actor_id=client.actor_id)
 
                 def drop_all(c=client, r=request) -> float:
@@ -168,7 +168,7 @@ def tiny_update(model_dir: Path, prompts: int, group: int, max_tokens: int, repe
         with running_service() as (service, address):
             version = 0
             for shared, key in ((True, "shared"), (False, "stream")):
-                client = connected_client(address, shared_memory=shared)
+                client = connected_client(address, key, shared_memory=shared)
                 parts: dict[str, list[float]] = {"transfer_s": [], "check_s": [], "load_s": [], "reset_s": []}
                 for _ in range(repeats):
                     version += 1
