@@ -144,8 +144,7 @@ class LearnerService(rpc.LearnerServicer):
         self._shared = SharedWeightFiles() if cfg.server.weight_shared_memory else None
         if self._shared is not None and not self._shared.domain:
             self._shared = None
-        self._weights = WeightPublisher(
-            on_drop=lambda weights: self._shared and self._shared.remove(weights.version))
+        self._weights = WeightPublisher(on_drop=lambda weights: self._unshare(weights.version))
         self._versions = WeightVersions()
         self._latest_version = 0
         self._step = 0
@@ -268,7 +267,7 @@ class LearnerService(rpc.LearnerServicer):
             try:
                 self._check_publishable(version)
             except ValueError:
-                self._shared and self._shared.remove(version)
+                self._unshare(version)
                 raise
             self._weights.publish(weights)
             if weights.shared_messages is not None:
@@ -286,6 +285,11 @@ class LearnerService(rpc.LearnerServicer):
         except OSError as error:
             log.warning("weight version %d not shared (actors on this host stream it): %s", version, error)
             return ""
+
+    def _unshare(self, version: int) -> None:
+        """Remove `version`'s shared-memory file, if it has one."""
+        if self._shared is not None:
+            self._shared.remove(version)
 
     def set_step(self, step: int) -> None:
         """The learner has completed `step` steps: the lease budget grows to match."""

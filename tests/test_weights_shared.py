@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import grpc
 import ml_dtypes
 import numpy as np
 import pytest
@@ -16,8 +17,9 @@ from wire_helpers import connected_client, running_service
 
 from actors.weight_staging import WeightTransferError, stage_weights
 from learner.shared_weights import STALE_NAME, remove_stale_files
-from tandem_wire import pb
+from tandem_wire import WIRE_VERSION, pb, rpc
 from tandem_wire.bulk import SHARED_PREFIX, SHM_DIR
+from tandem_wire.limits import MAX_LABEL_CHARS
 
 
 def _weights(seed: int) -> list[tuple[str, np.ndarray]]:
@@ -146,3 +148,16 @@ def test_files_of_dead_learners_are_swept_and_live_ones_kept():
     finally:
         live.unlink(missing_ok=True)
         dead.unlink(missing_ok=True)
+
+
+def test_an_oversized_shared_memory_domain_is_refused():
+    with running_service() as (service, address):
+        service.publish_weights(1, _weights(1))
+        with grpc.insecure_channel(address) as channel:
+            request = pb.FetchWeightsRequest(wire_version=WIRE_VERSION, actor_id="reader",
+                                             shared_memory_domain="x" * (MAX_LABEL_CHARS + 1))
+            with pytest.raises(grpc.RpcError) as error:
+                list(rpc.LearnerStub(channel).FetchWeights(request, timeout=10))
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "shared_memory_domain" in error.value.details()
+        assert service.accounting()["requests_invalid"] == 1
