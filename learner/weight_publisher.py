@@ -45,7 +45,8 @@ def pack_weights(
 ) -> WeightBlob:
     """Serialise named tensors (float32, bfloat16 or float16) into one aligned blob with its `digest`
     (a tandem_wire.digest kind), cut into the serialised messages of its stream; `share(version, blob)`,
-    when given, writes the blob into shared memory and returns the path same-host actors read."""
+    when given, writes the blob into shared memory and returns the path same-host actors read ("" when
+    it could not: the version is then streamed only)."""
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
     arrays: list[tuple[str, np.ndarray]] = []
@@ -82,8 +83,9 @@ def pack_weights(
     chunks = [encode_chunk(version, start, view[start : start + chunk_bytes])
               for start in range(0, len(blob), chunk_bytes)]
     shared = None
-    if share is not None:
-        location = pb.SharedWeights(version=version, path=share(version, view), total_bytes=len(blob))
+    path = share(version, view) if share is not None else ""
+    if path:
+        location = pb.SharedWeights(version=version, path=path, total_bytes=len(blob))
         shared = (head, pb.WeightMessage(shared=location).SerializeToString(), commit)
     return WeightBlob(version, header, checksum, (head, *chunks, commit), shared)
 

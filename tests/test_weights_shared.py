@@ -5,6 +5,7 @@ files removed with their versions and at stop, files of dead learners swept and 
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 from wire_helpers import connected_client, running_service
 
 from actors.weight_staging import WeightTransferError, stage_weights
-from learner.shared_weights import STALE_NAME, remove_stale_files
+from learner.shared_weights import STALE_NAME, SharedWeightFiles, remove_stale_files
 from tandem_wire import WIRE_VERSION, pb, rpc
 from tandem_wire.bulk import SHARED_PREFIX, SHM_DIR
 from tandem_wire.limits import MAX_LABEL_CHARS
@@ -117,6 +118,20 @@ def test_staging_refuses_shared_files_it_did_not_ask_for_or_outside_shared_memor
         messages[1].shared.path = "/dev/shm/../etc/passwd"
         with pytest.raises(WeightTransferError, match="outside"):
             stage_weights(messages, allow_shared=True)
+
+
+def test_a_full_shared_memory_leaves_the_version_streamed_only(monkeypatch):
+    def no_space(self, version, blob):
+        raise OSError(errno.ENOSPC, "No space left on device")  # e.g. a container's 64 MB /dev/shm
+
+    monkeypatch.setattr(SharedWeightFiles, "write", no_space)
+    with running_service() as (service, address):
+        service.publish_weights(1, _weights(1))
+        assert _held(service, 1).shared_messages is None and service.accounting()["weight_bytes_shared"] == 0
+        client = connected_client(address)
+        assert _bit_equal(_weights(1), client.fetch_weights())
+        assert client.weight_fetches == {"shared": 0, "streamed": 1, "shared_failed": 0}
+        client.close()
 
 
 def test_without_shared_memory_or_from_another_domain_the_stream_is_used():
