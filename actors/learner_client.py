@@ -8,7 +8,9 @@ and opens a new stream, on which the outbox re-sends every unacked group in orde
 blocks while the backlog exceeds the credits, so an actor never holds more than a few groups
 beyond what the learner has queued for it.
 
-Weights: `fetch_weights` stages a whole version and verifies it (actors/weight_staging.py).
+Weights: `fetch_weights` stages a whole version and verifies it (actors/weight_staging.py). An actor
+on the learner's host (same shared-memory domain, tandem_wire.bulk) gets the blob from a shared file,
+copied once; any failure of that path is retried once over the gRPC stream of chunks.
 
 Identity: `register` returns this actor's own credential from the learner; the client attaches it to
 every later call (next to the run's shared token, when one is set) and registers again when a call is
@@ -35,6 +37,7 @@ import grpc
 from actors.outbox import PROBE_DELAY_S, Outbox, Send
 from actors.weight_staging import StagedWeights, WeightTransferError, stage_weights
 from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
+from tandem_wire.bulk import shared_memory_domain
 from tandem_wire.limits import CREDENTIAL_METADATA_KEY, MAX_DETAIL_CHARS
 
 __all__ = [
@@ -108,9 +111,11 @@ class LearnerClient:
         tls_ca_path: str | None = None,
         call_timeout_s: float = 30.0,
         on_announcement: Callable[[], None] | None = None,
+        shared_memory: bool = True,
     ) -> None:
         """`on_announcement` is called (on the stream's thread) for each announcement on the group
-        stream: a new version, or a lease budget that grew, so a caller waiting for prompts asks again."""
+        stream: a new version, or a lease budget that grew, so a caller waiting for prompts asks again.
+        `shared_memory`: offer this host's shared-memory domain when fetching weights (the bulk path)."""
         if not actor_id:
             raise ValueError("actor_id must be non-empty")
         self.address = address
@@ -132,6 +137,8 @@ class LearnerClient:
         self._closed = False
         self._closed_reason = "client is closed"
         self.rejections: deque[tuple[str, str, str]] = deque(maxlen=100)  # (group_id, status, detail)
+        self._shared_memory_domain = shared_memory_domain() if shared_memory else ""
+        self.weight_fetches = {"shared": 0, "streamed": 0, "shared_failed": 0}  # how versions arrived
 
     # ================================================================== registration, prompts
 
@@ -265,13 +272,28 @@ class LearnerClient:
         """Download and verify a weight version (0 = the latest); raises WeightTransferError on any
         failure, in which case nothing is returned."""
         start = time.monotonic()
+        staged = None
+        if self._shared_memory_domain:
+            try:
+                staged = self._fetch(version, self._shared_memory_domain)
+            except WeightTransferError as error:
+                self.weight_fetches["shared_failed"] += 1
+                log.warning("%s: weights from shared memory failed, streaming them instead: %s", self.actor_id, error)
+        if staged is None:
+            staged = self._fetch(version, "")
+        return dataclasses.replace(staged, transfer_s=time.monotonic() - start)
+
+    def _fetch(self, version: int, domain: str) -> StagedWeights:
+        """One FetchWeights call; a learner sharing our `domain` may answer with a shared file."""
         call = self._stub.FetchWeights(
-            pb.FetchWeightsRequest(wire_version=WIRE_VERSION, actor_id=self.actor_id, version=version),
+            pb.FetchWeightsRequest(wire_version=WIRE_VERSION, actor_id=self.actor_id, version=version,
+                                   shared_memory_domain=domain),
             metadata=self._metadata(self._current_credential()),
             wait_for_ready=False,  # a learner that is down fails the fetch now; the old weights keep serving
         )
+        shared: list[bool] = []
         try:
-            staged = stage_weights(call, version)
+            staged = stage_weights(_noting_shared(call, shared), version, allow_shared=bool(domain))
         except grpc.RpcError as error:
             raise WeightTransferError(
                 f"weight stream failed: {error.code().name}: {error.details()}"
@@ -279,7 +301,8 @@ class LearnerClient:
         except WeightTransferError:
             call.cancel()
             raise
-        return dataclasses.replace(staged, transfer_s=time.monotonic() - start)
+        self.weight_fetches["shared" if shared else "streamed"] += 1
+        return staged
 
     def report_weights(
         self, version: int, applied: bool, detail: str = "", stall_s: float = 0.0, transfer_s: float = 0.0
@@ -485,3 +508,11 @@ class LearnerClient:
             self._cond.notify_all()
         if not ack.group_id and self._on_announcement is not None:
             self._on_announcement()
+
+
+def _noting_shared(messages: Iterator[pb.WeightMessage], shared: list[bool]) -> Iterator[pb.WeightMessage]:
+    """`messages`, appending True to `shared` when the blob came as a shared file."""
+    for message in messages:
+        if message.WhichOneof("part") == "shared":
+            shared.append(True)
+        yield message

@@ -21,6 +21,14 @@ Rows (tandem | baseline | ratio):
              fraction (learner: waiting in next_batch / wall; actor: blocked on credits, waiting for
              prompts or budget, weight-load stall / wall) in both modes; the fraction of sampled
              tokens wasted (aborted by a weight load, or in stale groups)
+  weights    (only with `--only weights`) versions of 16 MiB, 256 MiB and 1 GiB (`--weight-mb`) published,
+             fetched, staged and verified (blake3) over shared memory (same host) and over the gRPC
+             stream (the fallback)  |  a raw loopback TCP copy of the same bytes; the learner's egress
+             per version with 1, 2 and 4 same-host actors  |  the same actors all streaming; the demo
+             model's update (fetch + verify + check + vLLM reload + prefix-cache reset) as a fraction
+             of one generation batch of the demo's shape, over shared memory  |  over the stream
+             (tests/benchmarks/bench_weight_paths.py, whose CLI also compares the candidate paths:
+             parallel TCP streams, Ray's object store, the digests alone)
   service    (only with `--only service`) the learner service's admission: groups/s admitted (QUEUED)
              and acks/s (DUPLICATE re-sends) over one loopback StreamGroups call, per wall second and
              per second of the server's CPU time  |  the same with the service code of the commit
@@ -57,7 +65,7 @@ cluster only this node's processes are pinned.
 
 The pieces are importable scripts in tests/benchmarks/: bench_rollout.measure_backend,
 bench_grpo_step.measure, bench_loop.measure_mode, bench_weights.tcp_loopback_bytes_per_s,
-bench_service.measure.
+bench_weight_paths.section, bench_service.measure.
 """
 
 from __future__ import annotations
@@ -84,12 +92,13 @@ DEMO_CONFIG = ROOT / "launch" / "configs" / "demo_rl.yaml"
 MIB = 2**20
 
 # (rollout prompts, G, max tokens, repeats), (GRPO batch, repeats), (RL steps, warmup), RL overrides,
-# (service groups, rounds)
+# (service groups, rounds), (weights repeats, prompts of the demo-update batch: None = the config's)
 SIZES = {
-    "default": dict(rollout=(32, 8, 64, 3), grpo=(256, 5), loop=(20, 3), overrides=[], service=(3000, 7)),
+    "default": dict(rollout=(32, 8, 64, 3), grpo=(256, 5), loop=(20, 3), overrides=[], service=(3000, 7),
+                    weights=(3, None)),
     "quick": dict(rollout=(8, 4, 16, 1), grpo=(32, 2), loop=(5, 2),
                   overrides=["train.prompts_per_step=8", "rollout.prompts_per_batch=8",
-                             "rollout.queue_capacity=10"], service=(500, 3)),
+                             "rollout.queue_capacity=10"], service=(500, 3), weights=(1, 8)),
 }
 MODEL_SECTIONS = ("rollout", "grpo", "loop")  # the default; they share the config and the model
 # The end-to-end configurations (overrides of --config), each run async and sync. Measured on the
@@ -121,7 +130,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grpo-batch", type=int)
     parser.add_argument("--grpo-prompt", type=int, default=24)
     parser.add_argument("--grpo-completion", type=int, default=8)
-    parser.add_argument("--only", nargs="+", choices=(*MODEL_SECTIONS, "service"),
+    parser.add_argument("--weight-mb", type=float, nargs="+", default=[16, 256, 1024],
+                        help="version sizes of the weights rows, MiB")
+    parser.add_argument("--only", nargs="+", choices=(*MODEL_SECTIONS, "weights", "service"),
                         help=f"run only these sections (default: {' '.join(MODEL_SECTIONS)})")
     parser.add_argument("--loop-configs", nargs="+", choices=tuple(LOOP_CONFIGS),
                         help="end-to-end configurations to run (default: all; --quick: demo)")
@@ -190,6 +201,17 @@ def service_rows(args: argparse.Namespace, sizes: dict) -> dict:
     return bench_service.measure(groups, rounds, args.service_baseline or bench_service.BASELINE)
 
 
+def weights_rows(args: argparse.Namespace, sizes: dict, model_dir: Path, config) -> dict:
+    """Weight versions over shared memory and the gRPC stream vs raw TCP, egress, the demo's update."""
+    import bench_weight_paths
+
+    repeats, tiny = sizes["weights"]
+    rollout = config.rollout
+    return bench_weight_paths.section(
+        args.weight_mb[:1] if args.quick else args.weight_mb, repeats, model_dir,
+        (tiny or rollout.prompts_per_batch, rollout.group_size, rollout.max_tokens))
+
+
 def rate(r: dict) -> float:
     return r["tokens"] / r["seconds"]
 
@@ -218,6 +240,24 @@ def table(results: dict) -> list[tuple[str, float | None, float | None, str]]:
                  ("weights: actor weight-load stall / generation time (async)", a["stall_fraction"], None,
                   "frac"),
                  ("weights: actor weight-load stall per update (async)", a["stall_s_per_update"], None, "s")]
+    weights = results.get("weights")
+    if weights:
+        for mib, tcp in weights["tcp"].items():
+            fetch = weights["fetch"][mib]
+            for path in ("shared memory", "grpc stream"):
+                rows.append((f"weights: {float(mib):g} MiB fetched + verified, {path} vs raw loopback TCP",
+                             fetch[f"{path}, staged + blake3"] / MIB, tcp / MIB, "MiB/s"))
+        egress = weights["egress"]
+        for n in egress["shared"]:
+            rows.append((f"weights: learner egress per version, {n} same-host actor(s), shared vs streamed",
+                         egress["shared"][n], egress["stream"][n], "x version"))
+        tiny = weights.get("tiny")
+        if tiny:
+            rows += [(f"weights: demo update ({tiny['version_bytes'] / MIB:.1f} MiB) / one generation batch, "
+                      "shared vs streamed", tiny["shared"]["fraction_of_batch"], tiny["stream"]["fraction_of_batch"],
+                      "frac"),
+                     *((f"weights: demo update part {part}, shared vs streamed", tiny["shared"][part],
+                        tiny["stream"][part], "s") for part in ("transfer_s", "check_s", "load_s", "reset_s"))]
     grpo = results.get("grpo")
     if grpo:
         v = grpo["variants"]
@@ -279,7 +319,8 @@ def model_sections(args: argparse.Namespace, sizes: dict, selected: list[str], r
         results.update({"config": str(args.config), "model_dir": str(model_dir), "overrides": overrides})
         for name, measure in (("rollout", lambda: rollout_rows(args, sizes, model_dir, config)),
                               ("grpo", lambda: grpo_rows(args, sizes)),
-                              ("loop", lambda: loop_rows(args, sizes, overrides, config))):
+                              ("loop", lambda: loop_rows(args, sizes, overrides, config)),
+                              ("weights", lambda: weights_rows(args, sizes, model_dir, config))):
             if name in selected:
                 run_section(results, name, measure)
 
@@ -297,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     selected = args.only or list(MODEL_SECTIONS)
     started = time.perf_counter()
     results: dict = {"quick": args.quick, "sections": selected}
-    if set(selected) & set(MODEL_SECTIONS):
+    if set(selected) & {*MODEL_SECTIONS, "weights"}:
         model_sections(args, sizes, selected, results)
     if "service" in selected:
         run_section(results, "service", lambda: service_rows(args, sizes))

@@ -38,7 +38,8 @@ Besides the balance, the server counts what it refused or lost outside the group
 (SERVICE_COUNTERS): internal errors, groups from an actor that does not hold the prompt's lease (a
 part of groups_invalid), calls refused for bad input, a bad credential or a full limit, weight
 reports naming an unpublished version, streams closed as idle, and registrations that superseded
-another one of the same actor id.
+another one of the same actor id; and its outbound weight bytes (streamed as chunks, or written once
+per version into shared memory).
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ SERVICE_COUNTERS = (
     "calls_refused_busy",
     "streams_idle_closed",
     "actors_superseded",
+    "weight_bytes_streamed",
+    "weight_bytes_shared",
 )
 COUNTERS = GROUP_COUNTERS + TOKEN_COUNTERS + SERVICE_COUNTERS
 

@@ -164,6 +164,13 @@ class ServerConfig(Section):
     tls_cert_path: str | None = Field(None, description="learner certificate: serve TLS only (with tls_key_path)")
     tls_key_path: str | None = Field(None, description="private key of tls_cert_path")
     tls_ca_path: str | None = Field(None, description="CA that signed tls_cert_path, handed to the rollout actors")
+    weight_digest: Literal["blake3", "sha256"] = Field(
+        "blake3", description="checksum of each weight version, named on the wire so actors verify with it: "
+                              "blake3 (parallel, memory speed) or sha256 (FIPS; ~3x slower per push)")
+    weight_shared_memory: bool = Field(
+        True, description="also write each weight version once into /dev/shm; actors on the learner's host "
+                          "copy it from there (one copy of egress per version however many read it) and "
+                          "the rest stream it over gRPC")
 
 
 class AdmissionSettings(BaseModel):

@@ -64,13 +64,14 @@ from learner.group_validation import CompletionRecord, GroupLimits, GroupRecord
 from learner.lease_budget import RETRY_MIN_S, StepPace
 from learner.prompt_source import PromptSource, PromptState
 from learner.schema import ServiceConfig
+from learner.shared_weights import SharedWeightFiles
 from learner.stale_log import StaleLog
 from learner.tolerant_handlers import Undecodable, add_tolerant_learner_servicer
 from learner.weight_publisher import WeightPublisher, pack_weights
 from learner.weight_versions import UnknownWeightVersion, WeightVersions
-from learner.wire_bounds import InvalidInput, check_int
+from learner.wire_bounds import InvalidInput, check_int, check_text
 from tandem_wire import grpc_options, pb, rpc
-from tandem_wire.limits import CREDENTIAL_METADATA_KEY, MAX_ACK_DETAIL_CHARS, MAX_ID_CHARS
+from tandem_wire.limits import CREDENTIAL_METADATA_KEY, MAX_ACK_DETAIL_CHARS, MAX_ID_CHARS, MAX_LABEL_CHARS
 
 __all__ = [
     "LearnerService",
@@ -139,7 +140,11 @@ class LearnerService(rpc.LearnerServicer):
         self._cond = threading.Condition(threading.RLock())
         self._queue = GroupQueue(cfg.admission.queue_capacity)
         self._accounting = Accounting()
-        self._weights = WeightPublisher()
+        # Same-host actors read each version from one shared-memory file (learner/shared_weights.py).
+        self._shared = SharedWeightFiles() if cfg.server.weight_shared_memory else None
+        if self._shared is not None and not self._shared.domain:
+            self._shared = None
+        self._weights = WeightPublisher(on_drop=lambda weights: self._unshare(weights.version))
         self._versions = WeightVersions()
         self._latest_version = 0
         self._step = 0
@@ -195,6 +200,8 @@ class LearnerService(rpc.LearnerServicer):
                 stream.close()
             self._sinks.clear()
             self._cond.notify_all()
+            if self._shared is not None:
+                self._shared.close()
 
     def _server_options(self) -> list[tuple[str, int]]:
         # Weights go out in big chunks; groups come in and are bounded separately (hostile input).
@@ -256,14 +263,34 @@ class LearnerService(rpc.LearnerServicer):
         Versions increase; the version restored by load_state_dict may be published once more."""
         with self._cond:
             self._check_publishable(version)
-        weights = pack_weights(version, tensors, self.config.weight_chunk_bytes)
+        weights = pack_weights(version, tensors, self.config.weight_chunk_bytes, self.config.server.weight_digest,
+                               share=self._share if self._shared is not None else None)
         with self._cond:
-            self._check_publishable(version)
+            try:
+                self._check_publishable(version)
+            except ValueError:
+                self._unshare(version)
+                raise
             self._weights.publish(weights)
+            if weights.shared_messages is not None:
+                self._accounting.add("weight_bytes_shared", weights.header.total_bytes)
             self._versions.published(version)
             self._latest_version = version
             self._version_steps[version] = self._step
             self._announce()  # an actor waiting for budget loads it now
+
+    def _share(self, version: int, blob: memoryview) -> str:
+        """Write `version` into shared memory; "" (stream only) when that fails, e.g. /dev/shm is full."""
+        try:
+            return self._shared.write(version, blob)
+        except OSError as error:
+            log.warning("weight version %d not shared (actors on this host stream it): %s", version, error)
+            return ""
+
+    def _unshare(self, version: int) -> None:
+        """Remove `version`'s shared-memory file, if it has one."""
+        if self._shared is not None:
+            self._shared.remove(version)
 
     def set_step(self, step: int) -> None:
         """The learner has completed `step` steps: the lease budget grows to match."""
@@ -431,15 +458,18 @@ class LearnerService(rpc.LearnerServicer):
     def FetchWeights(self, request: pb.FetchWeightsRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         actor_id = request_checks.caller(_decoded(request))
         version = check_int("version", request.version, 0)
+        domain = check_text("shared_memory_domain", request.shared_memory_domain, MAX_LABEL_CHARS)
         what = f"weight stream of {actor_id!r}"
         with self._weight_streams.hold(), self._reaper.watch(what, context.cancel) as progress:
             try:
                 weights = self._weights.acquire(version)
             except KeyError as error:
                 raise WeightsNotHeld(error.args[0]) from None
-            try:
-                for message in weights.messages:  # serialised once at publish time
+            shared = self._shared is not None and domain == self._shared.domain
+            try:  # serialised once at publish time; a same-host actor gets the shared file's path
+                for message in (weights.shared_messages if shared and weights.shared_messages else weights.messages):
                     yield message
+                    self._accounting.add("weight_bytes_streamed", len(message))
                     progress.touch()
             finally:
                 self._weights.release(weights)

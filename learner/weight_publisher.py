@@ -1,23 +1,26 @@
 """Versioned weights: serialised once per version, checksummed, streamed in chunks.
 
 A version is one contiguous byte blob (each tensor 64-byte aligned, so the receiver can view
-every tensor in place) described by a WeightHeader of TensorSpecs, with the sha256 of the blob.
+every tensor in place) described by a WeightHeader of TensorSpecs, with the digest of the blob (the
+kind, tandem_wire.digest, named in the header: blake3 unless the server's config says sha256).
 The whole FetchWeights stream of a version (header, chunks, commit) is serialised once, at
-publish time, so serving it to each actor copies nothing in Python; the blob itself is not kept.
+publish time, so serving it to each actor copies nothing in Python; the blob itself is not kept in
+the process. With a `share` writer (learner/shared_weights.py) the blob is also written once into
+shared memory, and a second, tiny stream (header, SharedWeights, commit) serves same-host actors.
 The newest version is kept, and an older one only while a stream still reads it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
 
 from tandem_wire import WEIGHT_CHUNK_BYTES, pb
+from tandem_wire.digest import DEFAULT_DIGEST, hexdigest
 
 ALIGNMENT = 64
 WIRE_DTYPES = {
@@ -31,15 +34,19 @@ WIRE_DTYPES = {
 class WeightBlob:
     version: int
     header: pb.WeightHeader
-    checksum: str  # sha256 hex digest of the blob
+    checksum: str  # hex digest of the blob, of the kind header.checksum_algorithm names
     messages: tuple[bytes, ...]  # the serialised stream: WeightMessage header, chunks, commit
+    shared_messages: tuple[bytes, ...] | None = None  # header, SharedWeights, commit; None = not shared
 
 
 def pack_weights(
-    version: int, tensors: Iterable[tuple[str, np.ndarray]], chunk_bytes: int = WEIGHT_CHUNK_BYTES
+    version: int, tensors: Iterable[tuple[str, np.ndarray]], chunk_bytes: int = WEIGHT_CHUNK_BYTES,
+    digest: str = DEFAULT_DIGEST, share: Callable[[int, memoryview], str] | None = None,
 ) -> WeightBlob:
-    """Serialise named tensors (float32, bfloat16 or float16) into one aligned, checksummed blob,
-    cut into the serialised messages of its stream."""
+    """Serialise named tensors (float32, bfloat16 or float16) into one aligned blob with its `digest`
+    (a tandem_wire.digest kind), cut into the serialised messages of its stream; `share(version, blob)`,
+    when given, writes the blob into shared memory and returns the path same-host actors read ("" when
+    it could not: the version is then streamed only)."""
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
     arrays: list[tuple[str, np.ndarray]] = []
@@ -56,7 +63,7 @@ def pack_weights(
             )
         seen.add(name)
         arrays.append((name, array))
-    header = pb.WeightHeader(version=version, checksum_algorithm="sha256")
+    header = pb.WeightHeader(version=version, checksum_algorithm=digest)
     offset = 0
     for name, array in arrays:
         header.tensors.add(
@@ -64,22 +71,23 @@ def pack_weights(
         )
         offset += -(-array.nbytes // ALIGNMENT) * ALIGNMENT
     header.total_bytes = offset
-    blob = bytearray(offset)
+    blob = np.zeros(offset, dtype=np.uint8)  # calloc'd: zero padding without bytearray's 1 GiB/s memset
     view = memoryview(blob)
     for spec, (_, array) in zip(header.tensors, arrays, strict=True):
         view[spec.offset : spec.offset + spec.nbytes] = array.reshape(-1).view(np.uint8)
-    checksum = hashlib.sha256(blob).hexdigest()
-    messages = [pb.WeightMessage(header=header).SerializeToString()]
-    messages += [
-        encode_chunk(version, start, view[start : start + chunk_bytes])
-        for start in range(0, len(blob), chunk_bytes)
-    ]
-    messages.append(
-        pb.WeightMessage(
-            commit=pb.WeightCommit(version=version, checksum=checksum, total_bytes=len(blob))
-        ).SerializeToString()
-    )
-    return WeightBlob(version, header, checksum, tuple(messages))
+    checksum = hexdigest(digest, blob)
+    head = pb.WeightMessage(header=header).SerializeToString()
+    commit = pb.WeightMessage(
+        commit=pb.WeightCommit(version=version, checksum=checksum, total_bytes=len(blob))
+    ).SerializeToString()
+    chunks = [encode_chunk(version, start, view[start : start + chunk_bytes])
+              for start in range(0, len(blob), chunk_bytes)]
+    shared = None
+    path = share(version, view) if share is not None else ""
+    if path:
+        location = pb.SharedWeights(version=version, path=path, total_bytes=len(blob))
+        shared = (head, pb.WeightMessage(shared=location).SerializeToString(), commit)
+    return WeightBlob(version, header, checksum, (head, *chunks, commit), shared)
 
 
 def encode_chunk(version: int, offset: int, data: memoryview) -> bytes:
@@ -108,7 +116,10 @@ def _varint(value: int) -> bytes:
 class WeightPublisher:
     """Holds the newest published version (and older ones still being streamed). Thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_drop: Callable[[WeightBlob], None] = lambda weights: None) -> None:
+        """`on_drop(weights)` runs (under the lock) when a version is no longer held, e.g. to remove
+        its shared-memory file."""
+        self._on_drop = on_drop
         self._lock = threading.Lock()
         self._versions: dict[int, WeightBlob] = {}
         self._readers: dict[int, int] = {}
@@ -149,5 +160,5 @@ class WeightPublisher:
     def _prune(self) -> None:
         for version in list(self._versions):
             if version != self._latest.version and not self._readers.get(version):
-                del self._versions[version]
+                self._on_drop(self._versions.pop(version))
                 self._readers.pop(version, None)

@@ -3,7 +3,6 @@ gRPC, scored by a real reward pool; behaviour logprobs checked against transform
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from actors_helpers import (
     write_weights_dir,
 )
 from config_helpers import actor_config, service_config
+from weight_faults import damaging, flip_a_byte
 
 import learner.service as service_module
 from actors.fleet import ActorFleet
@@ -120,6 +120,8 @@ def test_actor_catches_up_then_groups_carry_g_completions_with_true_behaviour_lo
     assert [r.policy_version for r in records] == [1] * 4, "sampled before catching up to version 1"
     stats = rig.stats()
     assert stats.versions_applied[0] == 1 and len(stats.stall_seconds) >= 1
+    counts = rig.service.accounting()  # it caught up over the bulk path: the stream carried no blob
+    assert 0 < counts["weight_bytes_streamed"] < counts["weight_bytes_shared"] / 10, counts
     for r in records:
         assert len(r.completions) == G
         assert r.actor_id == stats.actor_id
@@ -168,19 +170,12 @@ def test_corrupted_publish_is_rejected_and_the_old_version_keeps_serving(rig, co
     rejections = rig.stats().weight_rejections
     good = load_tensors(rig.dirs["sharp_a"])
     if corruption == "flipped_byte":
-        # A corruption after the checksum was taken: one payload byte of the first chunk flips.
-        pack = service_module.pack_weights
-
-        def pack_and_corrupt(*args, **kwargs):
-            blob = pack(*args, **kwargs)
-            chunk = bytearray(blob.messages[1])
-            chunk[len(chunk) // 2] ^= 0xFF
-            return dataclasses.replace(blob, messages=(blob.messages[0], bytes(chunk), *blob.messages[2:]))
-
-        monkeypatch.setattr(service_module, "pack_weights", pack_and_corrupt)
+        # A corruption after the digest was taken: a payload byte flips in the stream and the shared file.
+        monkeypatch.setattr(service_module, "pack_weights", damaging(service_module.pack_weights, {
+            rig.version + 1: flip_a_byte}))
         version = rig.publish("sharp_a", good)
         monkeypatch.undo()
-        expected_detail = "sha256"
+        expected_detail = "blake3 mismatch"
     else:
         version = rig.publish("", {"nan": _nan, "wrong_shape": _wrong_shape}[corruption](good))
         expected_detail = {"nan": "non-finite", "wrong_shape": "shape"}[corruption]

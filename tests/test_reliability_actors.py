@@ -89,6 +89,9 @@ def test_dead_silent_and_hung_actors_are_replaced_and_nothing_is_lost(ray_sessio
     assert set(faults) == {"dead", "silent", "hung"}
     # the hung actor's leased prompts came back through lease expiry
     assert accounting["prompts_reissued"] >= 1, accounting
+    # every actor, the replacements added mid-run included, got its versions over shared memory: the
+    # learner streamed less than one version in all (headers, paths and commits), and wrote each once
+    assert accounting["weight_bytes_streamed"] < accounting["weight_bytes_shared"] / (STEPS + 1), accounting
     detect = {kind: replaced[a]["at"] - t for kind, (a, _, t) in faults.items()}
     print(f"\nactor faults: {len(faults)} injected, {report['replaced']} replaced in "
           + ", ".join(f"{k} {v:.1f}s" for k, v in detect.items())

@@ -6,8 +6,6 @@ a push: the fetch fails, nothing half-received is returned."""
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import itertools
 import os
 import signal
@@ -26,32 +24,27 @@ from reliability_helpers import (
     stop_fleet,
     tiny_run,
 )
+from weight_faults import cut_before_commit, damaging, flip_a_byte
 
 import actors.learner_client as learner_client_module
 import learner.service as service_module
 from actors.learner_client import LearnerClient, WeightTransferError
 from actors.weight_staging import stage_weights
+from learner.shared_weights import remove_stale_files
+from tandem_wire.bulk import SHARED_PREFIX, SHM_DIR
+from tandem_wire.digest import hexdigest
 
 STEPS = 7
 CORRUPTED, CUT = 3, 5  # weight versions whose push breaks
 
 
-def broken_pack(real_pack):
-    def pack(version, tensors, chunk_bytes):
-        blob = real_pack(version, tensors, chunk_bytes)
-        if version == CORRUPTED:  # flip a byte inside the first chunk's data
-            chunk = bytearray(blob.messages[1])
-            chunk[len(chunk) // 2] ^= 0xFF
-            return dataclasses.replace(blob, messages=(blob.messages[0], bytes(chunk), *blob.messages[2:]))
-        if version == CUT:  # the stream ends before its commit (connection dropped mid-push)
-            return dataclasses.replace(blob, messages=blob.messages[:-1])
-        return blob
-    return pack
-
-
 def test_broken_weight_pushes_leave_the_actor_on_its_last_complete_version(ray_session, tmp_path, monkeypatch):
-    monkeypatch.setattr(service_module, "pack_weights", broken_pack(service_module.pack_weights))
-    run = tiny_run(tmp_path / "run", steps=STEPS, checkpoint_every=STEPS)
+    monkeypatch.setattr(service_module, "pack_weights",
+                        damaging(service_module.pack_weights, {CORRUPTED: flip_a_byte, CUT: cut_before_commit}))
+    # without the shared-memory bulk path (as for actors on other hosts): the gRPC stream carries every
+    # version, and the run completes on it
+    run = tiny_run(tmp_path / "run", steps=STEPS, checkpoint_every=STEPS,
+                   overrides=["server.weight_shared_memory=false"])
     loop = build_learner(run)
     address = loop.start()
     pool, fleet = start_fleet(run, address, num_actors=1)
@@ -93,6 +86,9 @@ def test_broken_weight_pushes_leave_the_actor_on_its_last_complete_version(ray_s
 
     history = final_history(steps.entries)
     check_run(accounting, history, STEPS)
+    version_bytes = loop.service._weights.acquire().header.total_bytes
+    assert accounting["weight_bytes_shared"] == 0
+    assert accounting["weight_bytes_streamed"] > len(stats.versions_applied) * version_bytes  # all streamed
     for version in (CORRUPTED, CUT):
         assert seen[version]["serving"] == version - 1, seen  # still on the previous complete version
         assert version not in stats.versions_applied, stats.versions_applied
@@ -126,9 +122,12 @@ time.sleep(3600)
 """
 
 
-def test_a_learner_killed_in_the_middle_of_a_push_leaves_the_previous_version_intact(monkeypatch):
-    """SIGKILL the learner process while a client is receiving a version: the fetch fails (no
-    half-received version is ever returned) and the previously staged version is untouched."""
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["stream", "shared-memory"])
+def test_a_learner_killed_in_the_middle_of_a_push_leaves_the_previous_version_intact(monkeypatch, shared_memory):
+    """SIGKILL the learner process while a client is receiving a version (in the middle of the chunks,
+    or after the shared file's path but before the commit): the fetch fails (no half-received version
+    is ever returned) and the previously staged version is untouched. The dead learner's shared files
+    are swept by the next learner (remove_stale_files), never read without a live learner's commit."""
     path = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
     learner = subprocess.Popen([sys.executable, "-c", LEARNER_PROCESS], cwd=ROOT, text=True, stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path})
@@ -140,29 +139,34 @@ def test_a_learner_killed_in_the_middle_of_a_push_leaves_the_previous_version_in
             learner.stdin.flush()
             assert learner.stdout.readline().split() == ["published", str(version)]
 
-        client = LearnerClient(address, "actor-0")
+        client = LearnerClient(address, "actor-0", shared_memory=shared_memory)
         publish(1)
         previous = client.fetch_weights()
         previous_bytes = previous.tensors[0][1].tobytes()
         publish(2)
         received: list[int] = []
 
-        def kill_after_three_chunks(messages, version):
+        def kill_mid_push(messages, version, allow_shared=False):
             stream = iter(messages)
-            head = list(itertools.islice(stream, 4))  # header + 3 of 64 chunks
-            received.append(len(head))
+            if received:  # the client's retry over the stream, after the shared path failed
+                return stage_weights(stream, version, allow_shared)
+            head = list(itertools.islice(stream, 2 if allow_shared else 4))  # header + path | 3 of 64 chunks
+            received.append([m.WhichOneof("part") for m in head])
             learner.send_signal(signal.SIGKILL)
             learner.wait(30)
-            return stage_weights(itertools.chain(head, stream), version)
+            return stage_weights(itertools.chain(head, stream), version, allow_shared)
 
-        monkeypatch.setattr(learner_client_module, "stage_weights", kill_after_three_chunks)
+        monkeypatch.setattr(learner_client_module, "stage_weights", kill_mid_push)
         with pytest.raises(WeightTransferError, match="weight stream failed|truncated") as error:
             client.fetch_weights()
         client.close()
-        print(f"\nlearner killed mid-push after 3 of 64 chunks: {error.value}")
+        print(f"\nlearner killed mid-push after {received[0]}: {error.value}")
     finally:
         if learner.poll() is None:
             learner.kill()
-    assert received == [4]
+    assert received == [["header", "shared"] if shared_memory else ["header", "chunk", "chunk", "chunk"]]
+    assert client.weight_fetches["shared_failed"] == int(shared_memory)
+    dead = [p for p in remove_stale_files(SHM_DIR) if f"{SHARED_PREFIX}{learner.pid}-" in p.name]
+    assert len(dead) == 1  # version 2's file, left by the dead learner (it shares either way), now gone
     assert previous.version == 1 and previous.tensors[0][1].tobytes() == previous_bytes
-    assert hashlib.sha256(previous_bytes).hexdigest() == previous.checksum
+    assert hexdigest("blake3", previous_bytes) == previous.checksum

@@ -165,7 +165,7 @@ def _die_after_three(messages):
 @pytest.mark.parametrize(
     "damage, error",
     [
-        (_flip_a_byte, "sha256 mismatch"),
+        (_flip_a_byte, "blake3 mismatch"),
         (_die_after_three, "weight stream failed: UNKNOWN"),
         (lambda m: m[:-1], "truncated"),  # stream ends before the commit
         (lambda m: m[:3], "truncated"),  # stream ends mid-blob
@@ -180,7 +180,7 @@ def test_corrupted_or_truncated_weight_streams_are_rejected(damage, error):
         port = proxy.add_insecure_port("127.0.0.1:0")
         proxy.start()
         try:
-            client = LearnerClient(f"127.0.0.1:{port}", "actor-0")
+            client = LearnerClient(f"127.0.0.1:{port}", "actor-0", shared_memory=False)  # the chunk stream
             with pytest.raises(WeightTransferError, match=error):
                 client.fetch_weights()
             client.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import typing
 from pathlib import Path
 
 import ml_dtypes
@@ -19,8 +20,10 @@ from learner.accounting import GROUP_COUNTERS, TOKEN_COUNTERS, balance_violation
 from learner.group_queue import GroupQueue, is_stale
 from learner.group_validation import GroupRecord
 from learner.prompt_source import MAX_EARLIER_HOLDERS, LeaseInfo, Prompt, PromptSource, PromptState
+from learner.schema import ServerConfig
 from learner.weight_publisher import ALIGNMENT, WeightPublisher, encode_chunk, pack_weights
 from tandem_wire import pb
+from tandem_wire.digest import DEFAULT_DIGEST, DIGESTS, UnknownDigest, hexdigest
 
 FD = _descriptor.FieldDescriptor
 MESSAGE_TYPES = sorted(pb.DESCRIPTOR.message_types_by_name)
@@ -171,7 +174,7 @@ def _tampered(mutate) -> list[pb.WeightMessage]:
                     )
                 ),
             ),
-            "sha256 mismatch",
+            "blake3 mismatch",
         ),
         (lambda m: m.pop(-1), "truncated"),
         (lambda m: m.pop(3), "offset"),
@@ -184,12 +187,30 @@ def _tampered(mutate) -> list[pb.WeightMessage]:
         (lambda m: m[0].header.tensors[1].__setattr__("offset", 10**9), "bad offset"),
         (lambda m: m[0].header.tensors[1].__setattr__("dtype", 99), "unknown dtype"),
         (lambda m: m[0].header.__setattr__("total_bytes", 2**50), "implausible"),
+        (lambda m: m[0].header.__setattr__("checksum_algorithm", "md5"), "unsupported checksum algorithm 'md5'"),
+        (lambda m: m[0].header.__setattr__("checksum_algorithm", "sha256"), "sha256 mismatch"),
         (lambda m: m.insert(3, pb.WeightMessage(header=m[0].header)), "unexpected header"),
     ],
 )
 def test_staging_rejects_every_broken_stream(mutate, error):
     with pytest.raises(WeightTransferError, match=error):
         stage_weights(_tampered(mutate))
+
+
+@pytest.mark.parametrize("kind", sorted(DIGESTS))
+def test_the_digest_the_learner_chose_is_on_the_wire_and_verified_with(kind):
+    blob = pack_weights(5, _tensors(), chunk_bytes=64, digest=kind)
+    messages = [pb.WeightMessage.FromString(m) for m in blob.messages]
+    assert messages[0].header.checksum_algorithm == kind
+    assert blob.checksum == hexdigest(kind, b"".join(m.chunk.data for m in messages[1:-1]))
+    assert stage_weights(messages).checksum == blob.checksum
+    with pytest.raises(UnknownDigest):
+        pack_weights(5, _tensors(), digest="crc32")
+
+
+def test_the_config_offers_exactly_the_digests_both_ends_implement():
+    assert set(typing.get_args(ServerConfig.model_fields["weight_digest"].annotation)) == set(DIGESTS)
+    assert ServerConfig().weight_digest == DEFAULT_DIGEST
 
 
 def test_staging_rejects_a_version_other_than_the_one_asked_for():

@@ -1,0 +1,297 @@
+"""Weight paths side by side in one invocation (issue 16).
+
+`candidates` (the CLI default): for each size, a raw loopback TCP copy (one stream, and four parallel
+streams), the gRPC chunk stream through the real learner service and client (staged and verified,
+with sha256 and with blake3), the gRPC transport alone (messages received and dropped), the
+shared-memory path through the same service and client (the learner writes /dev/shm once; the actor
+copies the file into its own buffer and verifies the copy), and Ray's object store (`ray.put` once
+in the driver, `ray.get` plus verify in another process of the same node; `--ray`). Then where the
+time goes: the digests alone (sha256, blake3 on every core, xxh3_128 when installed) and a plain
+memory copy, each over the same bytes.
+
+`section` (launch/bench.py --only weights): the rows tandem ships, each beside its baseline: shared
+memory and the gRPC fallback vs raw TCP per size, the learner's egress per version with 1, 2 and 4
+same-host actors vs all of them streaming, and the tiny demo model's update (fetch + verify + check
++ vLLM reload + prefix-cache reset) as a fraction of one generation batch, with its parts.
+
+    .venv/bin/python tests/benchmarks/bench_weight_paths.py [--mb 16 256 1024] [--ray]
+    .venv/bin/python tests/benchmarks/bench_weight_paths.py --section [--mb 16 256 1024]
+
+Rates are bytes of the version per second of the receiving side (best of --repeats), MiB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from bench_weights import tcp_loopback_bytes_per_s  # noqa: E402
+
+MIB = 2**20
+
+
+def best_rate(nbytes: int, repeats: int, run: Callable[[], float]) -> float:
+    """Best bytes/s over `repeats` calls of `run`, which returns the seconds it measured."""
+    return max(nbytes / run() for _ in range(repeats))
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def parallel_tcp_seconds(nbytes: int, streams: int) -> float:
+    """Seconds to send `nbytes` over `streams` loopback connections at once, each its own slice."""
+    payload = memoryview(bytes(nbytes))
+    bounds = [nbytes * i // streams for i in range(streams + 1)]
+    with socket.create_server(("127.0.0.1", 0), backlog=streams) as server:
+        address = server.getsockname()
+
+        def receive() -> None:
+            conn, _ = server.accept()
+            with conn:
+                size = int.from_bytes(conn.recv(8, socket.MSG_WAITALL), "little")
+                buffer = memoryview(bytearray(size))
+                got = 0
+                while got < size:
+                    n = conn.recv_into(buffer[got:], size - got)
+                    if not n:
+                        raise ConnectionError("sender closed early")
+                    got += n
+
+        def send(i: int) -> None:
+            with socket.create_connection(address) as conn:
+                part = payload[bounds[i]:bounds[i + 1]]
+                conn.sendall(len(part).to_bytes(8, "little"))
+                conn.sendall(part)
+
+        receivers = [threading.Thread(target=receive) for _ in range(streams)]
+        senders = [threading.Thread(target=send, args=(i,)) for i in range(streams)]
+        start = time.perf_counter()
+        for t in receivers + senders:
+            t.start()
+        for t in receivers + senders:
+            t.join()
+        return time.perf_counter() - start
+
+
+def _blob_tensor(nbytes: int) -> np.ndarray:
+    return np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8).view(np.float32)
+
+
+def fetch_rates(nbytes: int, repeats: int, kinds: tuple[str, ...] = ("sha256", "blake3"),
+                transport: bool = True) -> dict[str, float]:
+    """Published -> fetched -> staged -> verified through the real service and client: over shared
+    memory and over the gRPC chunk stream per digest kind, and the gRPC transport alone."""
+    from wire_helpers import connected_client, running_service
+
+    from tandem_wire import WIRE_VERSION, pb
+
+    tensor = _blob_tensor(nbytes)
+    rates = {}
+    for kind in kinds:
+        with running_service(weight_digest=kind) as (service, address):
+            service.publish_weights(1, [("w", tensor)])
+            for shared in (True, False):
+                path = "shared memory" if shared else "grpc stream"
+                client = connected_client(address, path.replace(" ", "-"), shared_memory=shared)
+                rates[f"{path}, staged + {kind}"] = best_rate(nbytes, repeats, lambda c=client: timed(c.fetch_weights))
+                assert client.weight_fetches["shared" if shared else "streamed"] == repeats, client.weight_fetches
+                client.close()
+            if transport and kind == kinds[-1]:
+                client = connected_client(address, "transport", shared_memory=False)
+                request = pb.FetchWeightsRequest(wire_version=WIRE_VERSION, actor_id=client.actor_id)
+
+                def drop_all(c=client, r=request) -> float:
+                    return timed(lambda: sum(1 for _ in c._stub.FetchWeights(r, metadata=c._metadata(
+                        c._current_credential()))))
+
+                rates["grpc transport only (no staging, no digest)"] = best_rate(nbytes, repeats, drop_all)
+                client.close()
+    return rates
+
+
+def egress_per_version(mib: float, actor_counts: tuple[int, ...] = (1, 2, 4)) -> dict[str, dict[int, float]]:
+    """The learner's outbound weight bytes for one version / the version's size, with N actors
+    fetching it, all on this host (shared memory) and all streaming (as actors on other hosts, from a
+    learner that shares nothing)."""
+    from wire_helpers import connected_client, running_service
+
+    tensor = _blob_tensor(int(mib * MIB))
+    out: dict[str, dict[int, float]] = {"shared": {}, "stream": {}}
+    for shared, key in ((True, "shared"), (False, "stream")):
+        for n in actor_counts:
+            with running_service(weight_shared_memory=shared) as (service, address):
+                service.publish_weights(1, [("w", tensor)])
+                clients = [connected_client(address, f"actor-{i}", shared_memory=shared) for i in range(n)]
+                total = 0
+                for client in clients:
+                    total = client.fetch_weights().total_bytes
+                    client.close()
+                counts = service.accounting()
+                out[key][n] = (counts["weight_bytes_streamed"] + counts["weight_bytes_shared"]) / total
+    return out
+
+
+def tiny_update(model_dir: Path, prompts: int, group: int, max_tokens: int, repeats: int) -> dict:
+    """The demo model's update cost (median over `repeats` versions) against one generation batch of
+    the demo's shape, over shared memory and over the gRPC stream, with its parts."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from actors_helpers import load_tensors
+    from wire_helpers import connected_client, running_service
+
+    from actors.engine import RolloutEngine, SamplingSpec
+
+    tensors = load_tensors(model_dir)
+    engine = RolloutEngine(model_dir, max_model_len=64, kv_cache_gib=0.25, seed=0)
+    vocab = tensors["model.embed_tokens.weight"].shape[0]
+    rng = np.random.default_rng(0)
+    batch = [rng.integers(5, vocab, 10).tolist() for _ in range(prompts)]
+    spec = SamplingSpec(n=group, temperature=1.0, max_tokens=max_tokens)
+    engine.generate(batch, spec)  # warm
+    out: dict = {"generate_s": float(np.median([timed(lambda: engine.generate(batch, spec))
+                                                for _ in range(repeats)]))}
+    try:
+        with running_service() as (service, address):
+            version = 0
+            for shared, key in ((True, "shared"), (False, "stream")):
+                client = connected_client(address, key, shared_memory=shared)
+                parts: dict[str, list[float]] = {"transfer_s": [], "check_s": [], "load_s": [], "reset_s": []}
+                for _ in range(repeats):
+                    version += 1
+                    service.publish_weights(version, tensors.items())
+                    staged = client.fetch_weights()
+                    parts["transfer_s"].append(staged.transfer_s)
+                    start = time.perf_counter()
+                    checked = engine.check_weights(staged.tensors)
+                    parts["check_s"].append(time.perf_counter() - start)
+                    parts["load_s"].append(engine.load_weights(checked))  # reload + prefix-cache reset
+                    parts["reset_s"].append(timed(engine.llm.reset_prefix_cache))  # the reset alone
+                    out["version_bytes"] = staged.total_bytes
+                client.close()
+                median = {k: float(np.median(v)) for k, v in parts.items()}
+                median["update_s"] = median["transfer_s"] + median["check_s"] + median["load_s"]
+                median["fraction_of_batch"] = median["update_s"] / out["generate_s"]
+                out[key] = median
+    finally:
+        engine.shutdown()
+    return out
+
+
+def section(sizes_mib: list[float], repeats: int, model_dir: Path | None, tiny: tuple[int, int, int]) -> dict:
+    """What launch/bench.py's weights rows show (see the module docstring); `tiny` = (prompts, G,
+    max tokens) of one generation batch, on `model_dir` (None: no tiny-model rows)."""
+    out: dict = {"fetch": {}, "tcp": {}}
+    for mib in sizes_mib:
+        nbytes = int(mib * MIB)
+        out["tcp"][mib] = tcp_loopback_bytes_per_s(nbytes, repeats)
+        out["fetch"][mib] = fetch_rates(nbytes, repeats, kinds=("blake3",), transport=False)
+    out["egress_mib"] = min(sizes_mib)
+    out["egress"] = egress_per_version(min(sizes_mib))
+    if model_dir is not None:
+        out["tiny"] = tiny_update(model_dir, *tiny, repeats=max(repeats, 5))
+    return out
+
+
+def ray_rates(nbytes: int, repeats: int) -> dict[str, float]:
+    """ray.put once in this process; ray.get + blake3 in a Ray worker of the same node."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def receive(refs: list) -> float:
+        from tandem_wire.digest import hexdigest
+
+        start = time.perf_counter()
+        array = ray.get(refs[0])  # zero-copy view of the node's shared object store
+        hexdigest("blake3", memoryview(array))
+        return time.perf_counter() - start
+
+    blob = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    start = time.perf_counter()
+    ref = ray.put(blob)
+    put_s = time.perf_counter() - start
+    ray.get(receive.remote([ref]))  # a warm worker
+    rate = best_rate(nbytes, repeats, lambda r=ref: ray.get(receive.remote([r])))
+    return {"ray.put once (learner side)": nbytes / put_s, "ray object store get + blake3 (zero-copy)": rate}
+
+
+def profile_rates(nbytes: int, repeats: int) -> dict[str, float]:
+    """The parts a path is made of, alone: digests and a memory copy of the same bytes."""
+    from tandem_wire.digest import hexdigest
+
+    blob = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    rates = {f"digest {kind} alone": best_rate(nbytes, repeats, lambda k=kind: timed(lambda: hexdigest(k, blob)))
+             for kind in ("sha256", "blake3")}
+    try:
+        import xxhash
+
+        rates["digest xxh3_128 alone"] = best_rate(
+            nbytes, repeats, lambda: timed(lambda: xxhash.xxh3_128_hexdigest(blob)))
+    except ImportError:
+        pass
+    out = np.empty_like(blob)
+    rates["memory copy (numpy)"] = best_rate(nbytes, repeats, lambda: timed(lambda: np.copyto(out, blob)))
+    return rates
+
+
+def candidates(sizes_mib: list[float], repeats: int, with_ray: bool) -> dict[str, dict[str, float]]:
+    """{size label: {path: bytes/s}}"""
+    if with_ray:
+        import ray
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    results = {}
+    try:
+        for mib in sizes_mib:
+            nbytes = int(mib * MIB)
+            rates = {"raw loopback TCP, 1 stream": tcp_loopback_bytes_per_s(nbytes, repeats),
+                     "raw loopback TCP, 4 streams": best_rate(nbytes, repeats,
+                                                              lambda n=nbytes: parallel_tcp_seconds(n, 4))}
+            rates |= fetch_rates(nbytes, repeats)
+            if with_ray:
+                rates |= ray_rates(nbytes, repeats)
+            rates |= profile_rates(nbytes, repeats)
+            results[f"{mib:g} MiB"] = rates
+    finally:
+        if with_ray:
+            import ray
+
+            ray.shutdown()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=float, nargs="+", default=[16, 256])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ray", action="store_true", help="also Ray's object store (starts a local Ray)")
+    parser.add_argument("--section", action="store_true", help="launch/bench.py's weights rows (no model)")
+    args = parser.parse_args()
+    if args.section:
+        print(json.dumps(section(args.mb, args.repeats, None, (0, 0, 0)), indent=2))
+        return
+    print(f"{os.cpu_count()} CPUs; MiB/s of the receiving side, best of {args.repeats}; "
+          "ratio = path / raw loopback TCP (1 stream)")
+    for size, rates in candidates(args.mb, args.repeats, args.ray).items():
+        tcp = rates["raw loopback TCP, 1 stream"]
+        print(f"\n{size}")
+        for name, rate in rates.items():
+            print(f"  {name:<48} {rate / MIB:>8.0f}  {rate / tcp:>5.2f}x")
+
+
+if __name__ == "__main__":
+    main()
