@@ -240,6 +240,12 @@ class LearnerClient:
             if not self._cond.wait_for(self._backlog_fits, timeout):
                 raise TimeoutError(f"no credits from the learner within {timeout} s")
 
+    def wait_for_credits(self, timeout: float | None = None) -> bool:
+        """Wait until the groups sent fit the learner's credits again (or the client is closed); False
+        on timeout."""
+        with self._cond:
+            return self._cond.wait_for(self._backlog_fits, timeout)
+
     def unacked_count(self) -> int:
         with self._cond:
             return self._outbox.unacked_count()

@@ -63,6 +63,7 @@ from actors.stats import ActorStats, TimeShareMeter
 
 log = logging.getLogger(__name__)
 
+CREDIT_POLL_S = 0.5  # while blocked on credits, how often a waiting weight version is looked at
 WEIGHT_POLL_S = 0.1  # how often the weights thread looks at the latest version (a local read)
 SCORE_POLL_S = 0.05  # an actor with nothing in its engine waits this long at most for one group's scores
 
@@ -414,7 +415,11 @@ class RolloutActor:
         self._blocked_on_credits = True
         try:
             with self._idle_time("credit_wait_seconds"):
-                self.client.send_group(group)
+                try:
+                    self.client.send_group(group, timeout=CREDIT_POLL_S)
+                except TimeoutError:  # queued, and the learner's queue is full: a new version must not wait
+                    while not self.client.wait_for_credits(CREDIT_POLL_S):  # for it (nothing is drained now)
+                        self._load_when_drained(force=True)
         except RuntimeError:
             if not self._stop.is_set():  # only stop() may close the client under us
                 raise
@@ -485,16 +490,17 @@ class RolloutActor:
             stall_s = self._load(ready)
         self._loaded(ready, stall_s)
 
-    def _load_when_drained(self) -> None:
+    def _load_when_drained(self, force: bool = False) -> None:
         """Streaming: load the pending version once the groups in flight have finished on the weights
         they started with, or after weight_drain_steps engine steps (the rest is aborted and sampled
         again on the new weights). Draining instead of aborting at once wastes no tokens when
-        completions are short; the bound keeps long ones from holding new weights back."""
+        completions are short; the bound keeps long ones from holding new weights back. `force`:
+        load now (the engine is not being stepped: we are blocked on the learner's credits)."""
         with self._engine_lock:
             ready = self._pending_weights
             if ready is None:
                 return
-            if self.engine.in_flight and ready.drain_steps_left > 0:
+            if self.engine.in_flight and ready.drain_steps_left > 0 and not force:
                 ready.drain_steps_left -= 1
                 return
             stall_s = self._load(ready)
