@@ -12,7 +12,8 @@ train on the same groups. Process 0 writes, under RUN_DIR:
     steps.jsonl           each step's groups: [id, actor, version] (appended as it happens; survives a kill)
     weights.json          {version: sha256} of every version the actor thread fetched over the wire
     summary.json          the final accounting, versions, learner step
-With DIE_AT_STEP this process SIGKILLs itself after that step (the others must then stop on their own).
+With DIE_AT_STEP this process SIGKILLs itself after that step (the others must then stop on their own),
+writing the time into RUN_DIR/killed_at first.
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ def main(run_dir: Path, steps: int, num_processes: int, process_id: int, port: i
             while loop.version not in checksums and time.monotonic() < deadline:
                 time.sleep(0.05)
         if step == die_at:
+            (run_dir / "killed_at").write_text(str(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
 
     stop, checksums = threading.Event(), {}

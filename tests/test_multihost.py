@@ -148,13 +148,14 @@ def test_a_killed_learner_process_stops_the_other_and_the_relaunch_resumes(tmp_p
     results = rl_pair(tmp_path, steps, die=(1, die_at))
     (code0, out0), (code1, _) = results
     assert code1 == -9
-    assert code0 != 0 and "heartbeat" in out0 and "Task 1" in out0, out0[-3000:]
-    killed_at = (tmp_path / "params" / f"step_{die_at}.npz").stat().st_mtime
+    assert code0 != 0 and "JAX distributed service detected fatal errors" in out0, out0[-3000:]
+    assert "heartbeat" in out0, out0[-3000:]  # the reason: process 1 stopped sending heartbeats
+    killed_at = float((tmp_path / "killed_at").read_text())
     assert time.time() - killed_at < HEARTBEAT_S + 30, time.time() - killed_at  # stopped, not hung
     assert time.monotonic() - started < 600
 
-    before = read_steps(tmp_path / "steps.jsonl")
-    assert [s["step"] for s in before] == [1, 2, 3]
+    before = read_steps(tmp_path / "steps.jsonl")  # step 3 is logged unless process 0 stopped first
+    assert [s["step"] for s in before] in ([1, 2], [1, 2, 3])
     results = rl_pair(tmp_path, steps)
     assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
     entries = read_steps(tmp_path / "steps.jsonl")
