@@ -5,7 +5,7 @@ server), `loop_config` (the RL loop), `actor_config` (each rollout actor) and `e
 held-out evaluator); what exists only at run time (the model's vocab size, the model dir) is an
 argument. Sections that belong to one role are that role's own types, declared in light modules
 and handed to it whole: `train` (learner.schema.TrainConfig, read by the RL loop), `server`
-(learner.schema.ServerConfig, read by the service), `algo`, `optim`, `mesh` (learner.schema),
+(learner.schema.ServerConfig, read by the service), `algo`, `optim`, `mesh`, `distributed` (learner.schema),
 `train.guard` (learner.guard), `rollout.restart` (actors.config), `rewards` (rewards.spec). A new
 option there is one field in its section plus its use. The `rollout` section is shared: its class
 extends the actors' (actors.config.EngineSettings, picked by name into each ActorConfig) and the
@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from actors.config import FLEET_NAME, ActorConfig, EngineSettings, RestartPolicy
 from learner.schema import (
     AdmissionSettings,
+    DistributedConfig,
     LossConfig,
     MeshConfig,
     OptimizerConfig,
@@ -124,6 +125,7 @@ class TandemConfig(Section):
     ray_address: str | None = Field(None, description="None = the job's cluster, else a local Ray")
     model: ModelConfig = Field(ModelConfig(), description=ModelConfig.__doc__)
     mesh: MeshConfig = Field(MeshConfig(), description="the learner's device mesh")
+    distributed: DistributedConfig = Field(DistributedConfig(), description=DistributedConfig.__doc__)
     data: DataConfig = Field(DataConfig(), description="training and held-out data")
     optim: OptimizerConfig = Field(OptimizerConfig(), description="AdamW and its schedule")
     train: TrainConfig = Field(TrainConfig(), description=TrainConfig.__doc__)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from dataclasses import asdict
 from typing import Any
 
@@ -34,6 +34,7 @@ from launch.supervisor import FleetSupervisor
 from launch.trainer import build_trainer
 from learner.accounting import balance_violations
 from learner.checkpoint import Checkpointer
+from learner.mesh import is_leader
 from learner.metrics import MetricsWriter, StepCallback
 from learner.prompt_source import PromptSource
 from learner.rl_loop import RLLoop
@@ -43,12 +44,16 @@ log = logging.getLogger("tandem")
 
 
 def build_rl_learner(run: Run, tokenizer, writer: MetricsWriter | None = None) -> RLLoop:
-    """The learner side of an RL run, not yet started: trainer, prompt source, gRPC service and RL loop."""
+    """The learner side of an RL run, not yet started: trainer, prompt source, gRPC service and RL loop.
+    Multi-host, only process 0 has the prompt source and the service."""
     config = run.config
     trainer = build_trainer(run, temperature=config.rollout.temperature)
-    prompts = PromptSource(chat_prompt_rows(run.train_data, tokenizer, split=config.data.split),
-                           epochs=None, seed=config.seed)
-    service = LearnerService(prompts, config.service_config(vocab_size=int(trainer.loaded.hf_config["vocab_size"])))
+    service = None
+    if is_leader():
+        prompts = PromptSource(chat_prompt_rows(run.train_data, tokenizer, split=config.data.split),
+                               epochs=None, seed=config.seed)
+        service = LearnerService(prompts, config.service_config(
+            vocab_size=int(trainer.loaded.hf_config["vocab_size"])))
     checkpointer = Checkpointer(run.run_dir / "checkpoints", max_to_keep=config.train.keep_checkpoints,
                                 save_every=config.train.checkpoint_every)
     return RLLoop(trainer, service, checkpointer, writer, config.loop_config(), pad_id=tokenizer.pad_token_id)
@@ -97,11 +102,25 @@ def token_report(accounting: dict[str, int], actor_stats: dict[str, Any]) -> dic
             "async_waste_fraction": (aborted + wasted["stale"]) / sampled if sampled else 0.0}
 
 
+def run_rl_follower(run: Run, tokenizer) -> dict[str, Any]:
+    """A learner process other than 0 (multi-host): the same steps, gathers and checkpoints as process 0,
+    on the batches it sends; no service, actors, metrics or evaluation. Returns a one-line summary."""
+    loop = build_rl_learner(run, tokenizer)
+    with closing(loop.checkpointer):
+        loop.start()
+        loop.run()
+    loop.trainer.export_hf(run.run_dir / "hf_final", tokenizer_dir=run.model_dir)
+    return {"mode": "rl", "steps": loop.step, "weight_version": loop.version}
+
+
 def run_rl_mode(run: Run) -> dict[str, Any]:
     """Train `train.steps` RL steps with the actors on Ray, export hf_final and evaluate it; returns the
-    summary (accounting, evals, actor, reward and supervisor stats, guard events)."""
+    summary (accounting, evals, actor, reward and supervisor stats, guard events). Multi-host, process 0
+    runs all of this and the other processes `run_rl_follower`."""
     config = run.config
     tokenizer = AutoTokenizer.from_pretrained(run.model_dir)
+    if not is_leader():
+        return run_rl_follower(run, tokenizer)
     evals: dict[int, dict[str, float]] = {}
     with ExitStack() as stack:
         if ray_cluster.connect(config.ray_address):

@@ -16,11 +16,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from launch.config import ConfigError
+from jax.experimental import multihost_utils
+
+from launch.config import ConfigError, TandemConfig
 from launch.evaluation import run_eval_mode
 from launch.rl_mode import run_rl_mode
 from launch.run import Mode, Run, parse_config, prepare, setup_process
 from launch.supervised_mode import run_supervised_mode
+from learner.mesh import init_distributed, is_leader
 
 SHOWN = ("mode", "steps", "model", "hf_final", "eval", "accounting", "accounting_violations", "learner", "guard",
          "stale")
@@ -35,13 +38,29 @@ def run_mode(run: Run, mode: Mode) -> dict[str, Any]:
     return run_supervised_mode(run, mode)
 
 
+def prepare_everywhere(config: TandemConfig, mode: Mode) -> Run:
+    """Join the learner's other processes (config.distributed), then prepare the run: process 0 first
+    (it writes the generated data and initial model into run_dir, shared by all), then the others."""
+    if mode == "eval" or not init_distributed(config.distributed):
+        return prepare(config, mode)
+    if mode == "rl" and config.train.eval_every:
+        raise ConfigError("train.eval_every needs a single learner process for now (evaluate hf_final, or "
+                          "run launch/eval.py on a checkpoint's export)")
+    run = prepare(config, mode) if is_leader() else None
+    multihost_utils.sync_global_devices("tandem: run prepared")
+    return run or prepare(config, mode)
+
+
 def main_for(mode: Mode, argv: list[str] | None = None) -> int:
     """Entry point body of launch/<mode>.py; returns the process exit code."""
     setup_process()
     try:  # some config errors show only once running (e.g. the fleet name is taken on the cluster)
-        summary = run_mode(prepare(parse_config(mode, argv), mode), mode)
+        config = parse_config(mode, argv)
+        summary = run_mode(prepare_everywhere(config, mode), mode)
     except ConfigError as error:
         print(f"error: {error}")
         return 2
+    if not is_leader():  # process 0 reports the run
+        return 0
     print(json.dumps({k: summary[k] for k in SHOWN if k in summary}, indent=2))
     return 0

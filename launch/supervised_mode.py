@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contextlib import closing
+from contextlib import closing, nullcontext
 from typing import Any
 
 from transformers import AutoTokenizer
@@ -14,6 +14,7 @@ from launch.run import Mode, Run
 from launch.trainer import build_trainer
 from learner.checkpoint import Checkpointer
 from learner.data import DataConfig, make_batches
+from learner.mesh import is_leader
 from learner.metrics import MetricsWriter
 from learner.supervised_loop import run_supervised
 
@@ -29,11 +30,14 @@ def run_supervised_mode(run: Run, mode: Mode) -> dict[str, Any]:
                                       seed=config.seed), tokenizer)
     checkpointer = Checkpointer(run.run_dir / "checkpoints", max_to_keep=config.train.keep_checkpoints,
                                 save_every=config.train.checkpoint_every)
-    with (closing(checkpointer), MetricsWriter(run.run_dir / "tb") as writer,
-          Progress(mode, config.train.steps) as progress):
+    leader = is_leader()  # multi-host: every process trains on the same global batch, process 0 reports
+    with (closing(checkpointer), MetricsWriter(run.run_dir / "tb") if leader else nullcontext() as writer,
+          Progress(mode, config.train.steps) if leader else nullcontext() as progress):
         run_supervised(trainer, batches, checkpointer, writer, steps=config.train.steps, on_step=progress)
     hf_dir = trainer.export_hf(run.run_dir / "hf_final", tokenizer_dir=run.model_dir)
     summary: dict[str, Any] = {"mode": mode, "steps": config.train.steps, "hf_final": str(hf_dir)}
+    if not leader:
+        return summary
     if (scores := evaluate_dir(run, tokenizer, hf_dir)) is not None:
         summary["eval"] = scores
     run.write_summary(summary)

@@ -29,18 +29,24 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import Any
+
+import numpy as np
 
 from learner.advantages import has_signal
 from learner.checkpoint import Checkpointer
 from learner.guard import JumpDetector
 from learner.metrics import MetricsWriter, StepCallback
-from learner.rl_batch import assemble_rl_batch, pow2_buckets
+from learner.multihost import RunStopped, StepMessage, exchange, is_multiprocess
+from learner.rl_batch import RLBatch, assemble_rl_batch, pow2_buckets
 from learner.schema import RLLoopConfig
 from learner.service import GroupRecord, LearnerService
 from learner.train_step import SKIPPED, Trainer
 
 log = logging.getLogger(__name__)
+BATCH_LAYOUT = {name: np.dtype(np.int32 if name in ("input_ids", "attention_mask") else np.float32)
+                for name in RLBatch._fields}
 
 # Version jump on restore; larger than any number of versions a run publishes between checkpoints.
 RESTART_VERSION_STRIDE = 1_000_000
@@ -55,8 +61,10 @@ class NoRolloutsError(RuntimeError):
 class RLLoop:
     """Drives one RL run on the learner side; the actors and reward pool live elsewhere."""
 
-    def __init__(self, trainer: Trainer, service: LearnerService, checkpointer: Checkpointer,
+    def __init__(self, trainer: Trainer, service: LearnerService | None, checkpointer: Checkpointer,
                  writer: MetricsWriter | None, config: RLLoopConfig, *, pad_id: int):
+        """`service` is None on learner processes other than 0 (multi-host): they receive each step's
+        batch from process 0 (learner.multihost) and run the same steps, gathers and checkpoints."""
         self.trainer, self.service, self.checkpointer, self.writer = trainer, service, checkpointer, writer
         self.config, self.pad_id = config, pad_id
         self.buckets = pow2_buckets(config.max_sequence_len, min(config.min_bucket_len, config.max_sequence_len))
@@ -82,27 +90,40 @@ class RLLoop:
         if restored is not None:
             self.trainer.state = restored.state
             self.step, self.version = restored.step, restored.weight_version + RESTART_VERSION_STRIDE
-            self.service.load_state_dict(restored.extra["service"])
             self.counts.update(restored.extra.get("loop", {}))
+        if self.service is None:
+            self._publish()
+            return ""
+        if restored is not None:
+            self.service.load_state_dict(restored.extra["service"])
         bound = self.service.start(address)
         self.service.set_step(self.step)
-        self.service.publish_weights(self.version, self.trainer.hf_tensors())
+        self._publish()
         return bound
+
+    def _publish(self) -> None:
+        """Export the current weights as `self.version` (every process gathers, process 0 serves them)."""
+        tensors = self.trainer.hf_tensors()
+        if self.service is None:
+            deque(tensors, maxlen=0)  # take part in the gathers; only process 0 keeps the tensors
+        else:
+            self.service.publish_weights(self.version, tensors)
 
     def run(self, on_step: StepCallback | None = None) -> dict[str, Any]:
         """Train until `config.train.steps` (or the guard stops it); returns the final accounting."""
         started = time.monotonic()
         while self.step < self.config.train.steps:
             waited = time.perf_counter()
-            groups = self._next_groups()
+            groups = self._leader_groups()
             wait_s = time.perf_counter() - waited
             metrics = self._train_on(groups)
             metrics["learner_wait_s"] = wait_s  # idle: waiting for scored groups in next_batch
             metrics["wall_s"] = time.monotonic() - started  # since this process started training
             self.step += 1
             self.last_groups = groups
-            self.service.mark_consumed([g.group_id for g in groups])
-            self.service.set_step(self.step)
+            if self.service is not None:
+                self.service.mark_consumed([g.group_id for g in groups])
+                self.service.set_step(self.step)
             self.counts["updates_skipped"] += int(metrics.get("update_skipped", 0))
             stop = self._guard(metrics)
             if not stop:  # a run the guard stops keeps its last checkpoint, not the jumped params
@@ -115,16 +136,27 @@ class RLLoop:
             if stop:
                 break
         self.checkpointer.wait()
-        return self.service.accounting()
+        return {} if self.service is None else self.service.accounting()
+
+    def _leader_groups(self) -> list[GroupRecord]:
+        """Process 0's groups for this step ([] on the others); a run process 0 stops is told to all."""
+        if self.service is None:
+            return []
+        try:
+            return self._next_groups()
+        except NoRolloutsError as error:
+            if is_multiprocess():
+                exchange(StepMessage("stop", reason=str(error)), BATCH_LAYOUT)
+            raise
 
     def _publish_and_checkpoint(self, metrics: dict[str, float]) -> None:
         if self.step % self.config.publish_every == 0 or self.step == self.config.train.steps:
             started = time.perf_counter()
             self.version += 1
-            self.service.publish_weights(self.version, self.trainer.hf_tensors())
+            self._publish()
             metrics["publish_s"] = time.perf_counter() - started
-        self.checkpointer.save(self.step, self.trainer.state,
-                               {"service": self.service.state_dict(), "loop": self.counts},
+        service_state = None if self.service is None else self.service.state_dict()  # written by process 0
+        self.checkpointer.save(self.step, self.trainer.state, {"service": service_state, "loop": self.counts},
                                weight_version=self.version, force=self.step == self.config.train.steps)
 
     def _guard(self, metrics: dict[str, float]) -> bool:
@@ -197,21 +229,43 @@ class RLLoop:
         return groups
 
     def _train_on(self, groups: list[GroupRecord]) -> dict[str, float]:
-        if not groups:  # dynamic_sampling='fill' found no group with signal
-            return dict(SKIPPED)
         started = time.perf_counter()
-        batch, stats = assemble_rl_batch(
-            groups, pad_id=self.pad_id, current_version=self.version, length_buckets=self.buckets,
-            num_rows=self.config.train.prompts_per_step * self.config.group_size,
-            std_normalize=self.trainer.loss_config.std_normalize,
-            dynamic_sampling=self.trainer.loss_config.dynamic_sampling,
-        )
+        batch, stats = None, {}
+        if groups:  # none: dynamic_sampling='fill' found no group with signal (or not process 0)
+            batch, stats = assemble_rl_batch(
+                groups, pad_id=self.pad_id, current_version=self.version, length_buckets=self.buckets,
+                num_rows=self.config.train.prompts_per_step * self.config.group_size,
+                std_normalize=self.trainer.loss_config.std_normalize,
+                dynamic_sampling=self.trainer.loss_config.dynamic_sampling,
+            )
+        broadcast_s = 0.0
+        if is_multiprocess():
+            sent = time.perf_counter()
+            batch = self._share(batch)
+            broadcast_s = time.perf_counter() - sent
+        if batch is None:
+            return dict(SKIPPED)
         metrics = self.trainer.rl_step(batch)
         metrics.update(stats)
         metrics["learner_step_s"] = time.perf_counter() - started
+        if is_multiprocess():
+            metrics["batch_broadcast_s"] = broadcast_s
         return metrics
 
+    def _share(self, batch: RLBatch | None) -> RLBatch | None:
+        """Process 0's batch on every process (None: this step makes no update)."""
+        if self.service is None:
+            message = exchange(None, BATCH_LAYOUT)
+            if message.kind == "stop":
+                raise RunStopped(f"process 0 stopped the run: {message.reason}")
+        else:
+            message = exchange(StepMessage("skip") if batch is None else StepMessage("batch", batch._asdict()),
+                               BATCH_LAYOUT)
+        return RLBatch(**message.arrays) if message.kind == "batch" else None
+
     def _live_counts(self) -> dict[str, float]:
+        if self.service is None:
+            return {**{k: float(v) for k, v in self.counts.items()}, "weight_version": float(self.version)}
         counts = self.service.accounting()
         actors = self.service.actors_status()
         keys = ("groups_consumed", "groups_stale", "groups_duplicate", "groups_invalid",

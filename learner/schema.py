@@ -107,6 +107,27 @@ class MeshConfig(BaseModel):
     tp: int = Field(1, ge=1, description="tensor-parallel axis")
 
 
+class DistributedConfig(BaseModel):
+    """A learner spanning several processes (one per host) on JAX's distributed runtime.
+
+    Unset fields come from the environment (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
+    JAX_PROCESS_ID); with none of the three set anywhere the learner is one process, unless `auto`
+    asks `jax.distributed.initialize()` to detect its peers (Cloud TPU, SLURM, Open MPI, k8s)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    coordinator_address: str | None = Field(None, description="host:port of process 0's coordination "
+                                                               "service (env JAX_COORDINATOR_ADDRESS)")
+    num_processes: int | None = Field(None, ge=1, description="learner processes (env JAX_NUM_PROCESSES)")
+    process_id: int | None = Field(None, ge=0, description="this process's index, 0 serves and publishes "
+                                                           "(env JAX_PROCESS_ID)")
+    auto: bool = Field(False, description="call jax.distributed.initialize() with no arguments (Cloud TPU "
+                                          "pod slices and other platforms JAX detects)")
+    initialization_timeout_s: int = Field(300, ge=1, description="how long to wait for every process to join")
+    heartbeat_timeout_s: int = Field(100, ge=1, description="a process silent this long is declared dead "
+                                                            "and every other process stops")
+
+
 class Section(BaseModel):
     """A section of the run config: unknown keys fail, and so do bad values set after loading."""
 

@@ -16,6 +16,7 @@ same-segment, and positions restart per example (learner.data).
 from __future__ import annotations
 
 import functools
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from flax import nnx
 from learner.data import TokenBatch
 from learner.logprobs import logprobs_from_hidden, per_token_logprobs
 from learner.losses import LossConfig, Normalizer, normalizer_for, policy_loss
-from learner.mesh import shard_rows
+from learner.mesh import is_leader, shard_rows
 from learner.metrics import Throughput, to_host
 from learner.optim import OptimizerConfig, make_optimizer, make_schedule
 from learner.rl_batch import RLBatch
@@ -119,7 +120,11 @@ class Trainer:
         return export_hf_tensors(self._bound(), dtype)
 
     def export_hf(self, out_dir: Path, *, tokenizer_dir: Path, dtype: str | None = None) -> Path:
-        """Write the current weights as a HF model dir (vLLM / transformers load it)."""
+        """Write the current weights as a HF model dir (vLLM / transformers load it). Multi-host: every
+        process calls it (the tensors are gathered), process 0 writes."""
+        if not is_leader():
+            deque(self.hf_tensors(dtype), maxlen=0)
+            return Path(out_dir)
         return save_hf_dir(self._bound(), out_dir, tokenizer_dir=tokenizer_dir, dtype=dtype)
 
     # -- machinery -----------------------------------------------------------------------------

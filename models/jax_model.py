@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from safetensors import safe_open
 from safetensors.numpy import save_file
 from tunix.models import safetensors_loader
@@ -165,6 +166,9 @@ def export_hf_tensors(loaded: LoadedModel, dtype: str | None = None) -> Iterator
     Cast and layout change run on the device, EXPORT_PREFETCH tensors ahead of the consumer, with
     their host copies started asynchronously. Only reshapes, transposes and (if asked) a cast:
     a round trip at the loaded dtype is bit-exact. Arrays may be read-only views.
+
+    With parameters sharded over several processes every process must iterate this in step (each
+    tensor is all-gathered, one at a time, so no host holds more than one extra tensor at once).
     """
     target = None if dtype is None else _dtype(dtype)
     flat = nnx.to_flat_state(nnx.state(loaded.model, nnx.Param))
@@ -173,6 +177,9 @@ def export_hf_tensors(loaded: LoadedModel, dtype: str | None = None) -> Iterator
     for rule in loaded.tensor_rules():
         value = params[rule.tunix_path].get_value()
         out = _hf_layout_on_device(value, rule.hf_shape, rule.transposed, target or value.dtype)
+        if not out.is_fully_addressable:  # another process holds shards of it: gather now, in step
+            yield rule.hf_name, np.asarray(multihost_utils.process_allgather(out, tiled=True))
+            continue
         out.copy_to_host_async()
         in_flight.append((rule.hf_name, out))
         if len(in_flight) > EXPORT_PREFETCH:
