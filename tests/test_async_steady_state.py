@@ -48,9 +48,15 @@ def test_two_async_actors_leave_no_stale_group_and_train_within_eta_versions(ray
         histogram = {int(k.split("/")[1]): v for k, v in values.items() if k.startswith("staleness_groups/")}
         assert sum(histogram.values()) == values["num_groups"], (step, histogram)
         assert max(k for k, v in histogram.items() if v) <= MAX_STALENESS, (step, histogram)
-    # by the end both actors have reported their time shares at least once (heartbeats every 0.5 s)
-    last = metrics[STEPS]
-    shares = {k: v for k, v in last.items() if k.startswith("actor_busy_fraction/")}
-    assert len(shares) == 2 and all(0 < v <= 1 for v in shares.values()), shares
-    assert 0 <= last["actor_lease_wait_fraction"] <= 1
+    # the actors' time shares reach the step metrics (heartbeats every 0.5 s): each actor is seen
+    # sampling at some step, and every share is a fraction
+    busiest: dict[str, float] = {}
+    for values in metrics.values():
+        for key, value in values.items():
+            if key.startswith("actor_") and "_fraction" in key:
+                assert 0 <= value <= 1, (key, value)
+            if key.startswith("actor_busy_fraction/"):
+                busiest[key] = max(busiest.get(key, 0.0), value)
+    assert len(busiest) == 2 and all(v > 0 for v in busiest.values()), busiest
+    assert "actor_lease_wait_fraction" in metrics[STEPS]
     assert all(getattr(s, "tokens_aborted", 0) == 0 for s in stats.values())  # drained, never aborted
