@@ -1,19 +1,24 @@
 """Asynchronous mode in steady state (issue 14): a real tiny RL run, 2 vLLM actors on Ray, η = 1,
-30 steps. The lease budget keeps both actors within η + 1 batches of the learner, so after the
-warm-up no group is dropped as stale, every group trained on is at most η versions behind (the
-per-step histogram says so), and each step's metrics carry the actors' time shares from their
-heartbeats. Measured here (2 loaded cores): without the actors' engine warm-up, a late-starting
-actor's first batch arrived 15 versions late (4 stale groups at step 27); with it, 5 stale groups,
-all by step 6, while the second actor started."""
+30 steps. The lease budget keeps both actors within η + 1 batches of the learner, so stale drops are
+rare and only of groups an actor delivered late, every group trained on is at most η versions
+behind (the per-step histogram says so), and each step's metrics carry the actors' time shares from
+their heartbeats. Without the actors' engine warm-up, a late-starting actor's first batch arrived 15
+versions late here (4 stale groups at step 27)."""
 
 from __future__ import annotations
 
-from reliability_helpers import StepLog, build_learner, check_run, final_history, start_fleet, stop_fleet, tiny_run
-
-from learner.stale_log import EXAMPLES
+from reliability_helpers import (
+    PROMPTS_PER_STEP,
+    StepLog,
+    build_learner,
+    check_run,
+    final_history,
+    start_fleet,
+    stop_fleet,
+    tiny_run,
+)
 
 STEPS = 30
-WARMUP_STEPS = 10
 MAX_STALENESS = 1
 
 
@@ -38,11 +43,14 @@ def test_two_async_actors_leave_no_stale_group_and_train_within_eta_versions(ray
         loop.checkpointer.close()
 
     check_run(accounting, final_history(log.entries), STEPS)
-    # while the second actor starts (its first steps slow the first one on 2 cores) a group may arrive
-    # η + 1 versions late; after that, none
+    # The budget bounds the prompts in use, not the order they are trained in: an actor that falls a
+    # step behind its peer (the second actor starting, or a loaded machine) can see its group
+    # overtaken and arrive η + 1 versions late. Measured: 5 such groups, all by step 6, with the
+    # machine otherwise idle; 4 (at step 13) with another test run beside it. Never more than a
+    # batch or two, and never a group that aged in the learner's queue.
     stale = loop.service.stale_report()
-    assert accounting["groups_stale"] <= EXAMPLES, stale
-    assert all(drop["latest_version"] <= WARMUP_STEPS for drop in stale["latest"]), stale
+    assert accounting["groups_stale"] <= 2 * PROMPTS_PER_STEP, stale
+    assert set(stale["causes"]) <= {"behind_on_arrival"}, stale
     assert len({g[1] for entry in log.entries for g in entry["groups"]}) == 2, "one actor did all the work"
     for step, values in metrics.items():
         histogram = {int(k.split("/")[1]): v for k, v in values.items() if k.startswith("staleness_groups/")}
