@@ -297,8 +297,8 @@ class LearnerService(rpc.LearnerServicer):
         with self._cond:
             if step != self._step:
                 self._pace.stepped(time.monotonic())
-            self._step = step
-            self._announce()
+                self._step = step
+                self._announce()
 
     @property
     def latest_version(self) -> int:
