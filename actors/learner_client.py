@@ -10,7 +10,8 @@ beyond what the learner has queued for it.
 
 Weights: `fetch_weights` stages a whole version and verifies it (actors/weight_staging.py). An actor
 on the learner's host (same shared-memory domain, tandem_wire.bulk) gets the blob from a shared file,
-copied once; any failure of that path is retried once over the gRPC stream of chunks.
+mapped copy-on-write and verified in place; any failure of that path is retried once over the gRPC
+stream of chunks.
 
 Identity: `register` returns this actor's own credential from the learner; the client attaches it to
 every later call (next to the run's shared token, when one is set) and registers again when a call is
