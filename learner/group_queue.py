@@ -2,11 +2,20 @@
 
 A group is in exactly one place: the queue (waiting for a batch), or the batch handed to the
 trainer (waiting for mark_consumed). Not thread-safe: the service calls it under its own lock.
+
+Batches take the groups of the oldest policy version first (arrival order among equals). The lease
+budget (learner/lease_budget.py) bounds how many prompts are in use, not the order they come back
+in: with first-in-first-out, an actor a step behind its peer had its groups overtaken by newer ones
+and aged past the staleness bound in the queue (CI: 6 groups of version 7 dropped at dequeue at
+latest 9, η = 1). Oldest first, a group can only be overtaken by groups at least as old, and the
+budget allows too few of those to fill the batches that would age it (η = 1, B groups per step).
 """
 
 from __future__ import annotations
 
-from collections import Counter, deque
+import heapq
+import itertools
+from collections import Counter
 
 from learner.group_validation import GroupRecord
 
@@ -17,13 +26,15 @@ def is_stale(policy_version: int, latest_version: int, max_staleness: int) -> bo
 
 
 class GroupQueue:
-    """FIFO of at most `capacity` groups plus the set handed out to the trainer."""
+    """At most `capacity` groups, popped oldest policy version first, plus the set handed out to the
+    trainer."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError(f"queue capacity must be >= 1, got {capacity}")
         self.capacity = capacity
-        self._queue: deque[GroupRecord] = deque()
+        self._queue: list[tuple[int, int, GroupRecord]] = []  # heap of (policy_version, arrival, record)
+        self._arrivals = itertools.count()
         self._queued_ids: set[str] = set()
         self._in_batch: dict[str, GroupRecord] = {}
         self._per_actor: Counter[str] = Counter()  # actor_id -> groups of it in the queue
@@ -41,7 +52,7 @@ class GroupQueue:
 
     @property
     def tokens_in_queue(self) -> int:
-        return sum(r.tokens for r in self._queue)
+        return sum(r.tokens for _, _, r in self._queue)
 
     @property
     def tokens_in_batch(self) -> int:
@@ -55,15 +66,16 @@ class GroupQueue:
             raise OverflowError("group queue is full")
         if record.group_id in self:
             raise KeyError(f"group {record.group_id!r} is already queued")
-        self._queue.append(record)
+        heapq.heappush(self._queue, (record.policy_version, next(self._arrivals), record))
         self._queued_ids.add(record.group_id)
         self._per_actor[record.actor_id] += 1
 
     def pop(self) -> GroupRecord | None:
-        """The oldest queued group (moved to the handed-out set), or None when empty."""
+        """The queued group of the oldest policy version, first come among equals (moved to the
+        handed-out set), or None when empty."""
         if not self._queue:
             return None
-        record = self._queue.popleft()
+        _, _, record = heapq.heappop(self._queue)
         self._queued_ids.discard(record.group_id)
         self._per_actor[record.actor_id] -= 1
         if not self._per_actor[record.actor_id]:

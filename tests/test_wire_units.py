@@ -371,6 +371,16 @@ def test_queue_is_bounded_and_credits_share_capacity_between_live_actors():
     assert q.finish("g1").actor_id == "a" and "g1" not in q
 
 
+def test_batches_take_the_oldest_policy_version_first_and_arrival_order_among_equals():
+    """A group sampled a version behind its peers' is trained before theirs, not left to age past the
+    staleness bound in the queue."""
+    q = GroupQueue(8)
+    for group_id, version in (("new-a", 8), ("old-a", 7), ("new-b", 8), ("old-b", 7), ("newest", 9)):
+        q.put(_record(group_id, "a", version))
+    assert [q.pop().group_id for _ in range(5)] == ["old-a", "old-b", "new-a", "new-b", "newest"]
+    assert q.pop() is None and q.depth == 0 and q.in_batch == 5
+
+
 def test_staleness_bound():
     assert not is_stale(3, 4, max_staleness=1) and is_stale(2, 4, max_staleness=1)
     assert not is_stale(4, 4, max_staleness=0) and is_stale(3, 4, max_staleness=0)
