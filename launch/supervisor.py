@@ -6,7 +6,9 @@ An actor is replaced when
     marks it stale: process frozen, network cut);
   - its engine has been inside one call (a streaming step, or a sync-mode ``generate``) for longer
     than ``generate_timeout_s`` (the heartbeat thread still beats, but the engine stopped
-    answering), or it does not answer ``stats()``.
+    answering), or it has not answered ``stats()`` for as long. One unanswered call is not enough: on
+    a loaded machine (a restarted driver compiling its learner beside the actors) a live actor can
+    miss the call's timeout, and CI saw such an actor replaced in the middle of a run.
 
 A replacement is a new RolloutActor with a new id; it fetches the learner's current weights before
 it samples. Replacements follow the fleet's RestartPolicy (back-off for actors that die right after
@@ -77,6 +79,7 @@ class FleetSupervisor:
         self.generate_timeout_s, self.interval_s, self.call_timeout_s = generate_timeout_s, interval_s, call_timeout_s
         self.on_fatal = on_fatal
         self.report = SupervisorReport()
+        self._unanswered_since: dict[str, float] = {}  # actor id -> monotonic time of its first unanswered call
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tandem-fleet-supervisor", daemon=True)
 
@@ -114,16 +117,26 @@ class FleetSupervisor:
         # an actor that did not answer may have gone silent meanwhile (frozen process): say so
         stale_now = {a.actor_id for a in self.service.actors_status() if a.stale}
         done += self._replace(sorted((set(unanswered) - set(dead)) & stale_now), "silent")
+        silent_for = self._note_unanswered(stats)
         hung = sorted(actor_id for actor_id, s in stats.items() if actor_id not in stale_now | set(dead)
-                      and (isinstance(s, NoAnswer) or s.engine_busy_s > self.generate_timeout_s))
+                      and (silent_for.get(actor_id, 0.0) > self.generate_timeout_s
+                           or not isinstance(s, NoAnswer) and s.engine_busy_s > self.generate_timeout_s))
         for actor_id in hung:
             s = stats[actor_id]
             log.warning("rollout actor %s looks hung: %s", actor_id,
-                        s.error if isinstance(s, NoAnswer) else f"one engine call busy for {s.engine_busy_s:.1f} s")
+                        f"no answer for {silent_for[actor_id]:.0f} s: {s.error}" if isinstance(s, NoAnswer)
+                        else f"one engine call busy for {s.engine_busy_s:.1f} s")
         done += self._replace(hung, "hung")
         self.report.checks += 1
         self._check_given_up()
         return done
+
+    def _note_unanswered(self, stats: dict) -> dict[str, float]:
+        """How long each actor that did not answer this round has gone without answering."""
+        now = time.monotonic()
+        self._unanswered_since = {actor_id: self._unanswered_since.get(actor_id, now)
+                                  for actor_id, s in stats.items() if isinstance(s, NoAnswer)}
+        return {actor_id: now - since for actor_id, since in self._unanswered_since.items()}
 
     def _start_restarts(self) -> None:
         """Start the replacements whose back-off is over."""

@@ -96,7 +96,8 @@ def test_a_killed_driver_resubmitted_reattaches_to_its_actors_and_loses_nothing(
     # one actor served both drivers: versions of the killed run, then the restored run's
     (actor_id, actor), = summary["actors"].items()
     applied = actor["versions_applied"]
-    assert actor_id == "actor-0" and summary["supervisor"]["replaced"] == 0, summary["supervisor"]
+    said = [line for line in (second.stdout + second.stderr).splitlines() if "rollout actor" in line]
+    assert actor_id == "actor-0" and summary["supervisor"]["replaced"] == 0, (summary["supervisor"], said[-20:])
     # (the last version, published by the last step, may reach it after the run read its stats)
     assert any(v < RESTART_VERSION_STRIDE for v in applied)
     assert RESTART_VERSION_STRIDE < applied[-1] <= RESTART_VERSION_STRIDE + STEPS, applied
