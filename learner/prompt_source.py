@@ -81,6 +81,7 @@ class _Lease:
     held: bool = False
     earlier: tuple[str, ...] = ()  # earlier holders, oldest first (at most MAX_EARLIER_HOLDERS)
     slot: bool = True  # holds a slot of the lease budget (False once its group was dropped)
+    step: int | None = None  # the budget step it was granted at (None: restored from a checkpoint)
 
 
 class PromptSource:
@@ -156,7 +157,8 @@ class PromptSource:
                     continue
                 self._budget.take()
                 earlier = old.earlier if old.actor_id in ("", *old.earlier) else (*old.earlier, old.actor_id)
-                self._leases[key] = _Lease(actor_id, now + lease_seconds, earlier=earlier[-MAX_EARLIER_HOLDERS:])
+                self._leases[key] = _Lease(actor_id, now + lease_seconds, earlier=earlier[-MAX_EARLIER_HOLDERS:],
+                                           step=step)
                 self._counts["prompts_reissued"] += 1
                 keys.append(key)
             while len(keys) < max_prompts and room and not self._cursor_at_end():
@@ -167,10 +169,21 @@ class PromptSource:
                 self._pos += 1
                 if self._pos == self._num:
                     self._epoch, self._pos = self._epoch + 1, 0
-                self._leases[key] = _Lease(actor_id, now + lease_seconds)
+                self._leases[key] = _Lease(actor_id, now + lease_seconds, step=step)
                 keys.append(key)
             self._counts["prompts_leased"] += len(keys)
             return [self.prompt(key) for key in keys]
+
+    def late_leases(self, through_step: int) -> tuple[int, float]:
+        """The leases granted at budget step `through_step` or earlier whose groups have not come back
+        and which have not expired: how many, and the seconds until the first of them expires (inf
+        when there are none). The learner waits for them before a step that would make them stale."""
+        with self._lock:
+            now = self._clock()
+            expiries = [lease.expires_at for lease in self._leases.values()
+                        if not lease.held and lease.step is not None and lease.step <= through_step
+                        and lease.expires_at > now]
+            return len(expiries), min(expiries, default=math.inf) - now
 
     def exhausted(self) -> bool:
         """True when every epoch has been issued and no prompt is outstanding."""

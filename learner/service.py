@@ -36,6 +36,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -61,6 +62,7 @@ from learner.call_limits import AtCapacity, CallSlots, IdleReaper
 from learner.group_queue import GroupQueue, is_stale
 from learner.group_stream import GroupStream
 from learner.group_validation import CompletionRecord, GroupLimits, GroupRecord
+from learner.late_groups import LateGroupWait
 from learner.lease_budget import RETRY_MIN_S, StepPace
 from learner.prompt_source import PromptSource, PromptState
 from learner.schema import ServiceConfig
@@ -150,6 +152,7 @@ class LearnerService(rpc.LearnerServicer):
         self._step = 0
         self._version_steps: dict[int, int] = {}  # published version -> the learner's step then
         self._stale = StaleLog()
+        self._late = LateGroupWait(cfg.admission.late_group_wait_s)
         self._registry = ActorRegistry(cfg.max_actors, cfg.admission.actor_timeout_s)
         self._group_streams = CallSlots("group streams", cfg.max_streams, cfg.max_streams_per_actor)
         self._weight_streams = CallSlots("weight streams", cfg.max_weight_streams)
@@ -221,23 +224,39 @@ class LearnerService(rpc.LearnerServicer):
 
     def next_batch(self, num_groups: int, timeout: float | None = None) -> list[GroupRecord]:
         """Block until `num_groups` fresh groups are queued (or `timeout` passes / the service stops)
-        and hand them out; groups gone stale while queued are dropped (STALE ack, prompt re-leased).
-        The groups stay 'in batch' until mark_consumed."""
+        and hand them out, oldest policy version first; groups gone stale while queued are dropped
+        (STALE ack, prompt re-leased). While a group leased η versions ago is still being sampled, no
+        group is taken: it would go stale when this step publishes (learner/late_groups.py). The
+        groups stay 'in batch' until mark_consumed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         batch: list[GroupRecord] = []
         with self._cond:
-            while True:
-                while len(batch) < num_groups and (record := self._queue.pop()) is not None:
-                    if is_stale(record.policy_version, self._latest_version, self.config.admission.max_staleness):
-                        self._drop_stale_at_dequeue(record)
-                    else:
-                        batch.append(record)
-                if len(batch) >= num_groups or self._stopped:
-                    return batch
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return batch
-                self._cond.wait(remaining)
+            try:
+                while True:
+                    hold_s = self._hold_for_late_groups()
+                    while not hold_s and len(batch) < num_groups and (record := self._queue.pop()) is not None:
+                        if is_stale(record.policy_version, self._latest_version, self.config.admission.max_staleness):
+                            self._drop_stale_at_dequeue(record)
+                        else:
+                            batch.append(record)
+                    if len(batch) >= num_groups or self._stopped:
+                        return batch
+                    remaining = math.inf if deadline is None else deadline - time.monotonic()
+                    if remaining <= 0:
+                        return batch
+                    wait_s = min(remaining, hold_s or math.inf)
+                    self._cond.wait(None if wait_s == math.inf else wait_s)
+            finally:
+                self._late.release(time.monotonic())
+
+    def _hold_for_late_groups(self) -> float:
+        """Seconds to hold the next step's batch back for groups leased at budget step s − η or
+        earlier (0: take groups now). The caller holds the lock."""
+        if not self._late.wait_s or not self.config.prompts_per_step:
+            return 0.0
+        late, expires_in = (0, math.inf) if self._queue.full() else self._prompts.late_leases(
+            self._step - self.config.admission.max_staleness)
+        return self._late.hold(self._step, time.monotonic(), late, expires_in)
 
     def mark_consumed(self, group_ids: Iterable[str], *, trained: bool = True) -> None:
         """The groups were used in a training step (or, not `trained`, retired without one, e.g. for
@@ -321,7 +340,7 @@ class LearnerService(rpc.LearnerServicer):
         """Why groups were dropped as stale in this process: counts by cause and the latest few
         (learner/stale_log.py)."""
         with self._cond:
-            return self._stale.report()
+            return {**self._stale.report(), "late_group_wait": self._late.report()}
 
     def queue_depth(self) -> int:
         with self._cond:
@@ -421,12 +440,17 @@ class LearnerService(rpc.LearnerServicer):
         with self._cond:
             actor = self._caller(context, actor_id)
             step = self._budget_step(actor)
-            leased = self._prompts.lease(actor.holder, max_prompts, self.config.admission.lease_seconds, step)
+            # asynchronous: what an actor η versions behind samples would be stale by the time it arrives
+            # (sync, η = 0: the step waits for exactly those groups)
+            eta = self.config.admission.max_staleness
+            doomed = eta > 0 and step <= self._step - eta
+            leased = [] if doomed else self._prompts.lease(actor.holder, max_prompts,
+                                                           self.config.admission.lease_seconds, step)
             exhausted = self._prompts.exhausted()
-            held_back = len(leased) < max_prompts and self._prompts.allowance(step) == 0
+            held_back = len(leased) < max_prompts and (doomed or self._prompts.allowance(step) == 0)
             retry_after = 0.0
             if held_back and not exhausted:  # its old weights hold it back: it asks again once it loaded ours
-                lagging = step < self._step and self._prompts.allowance(self._step) != 0
+                lagging = doomed or step < self._step and self._prompts.allowance(self._step) != 0
                 retry_after = RETRY_MIN_S if lagging else self._pace.retry_after(time.monotonic())
             latest_version = self._latest_version
         return pb.LeasePromptsReply(

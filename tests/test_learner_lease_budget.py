@@ -204,3 +204,20 @@ def test_the_retry_hint_follows_the_learners_step_pace():
     assert pace.retry_after(103.3) == pytest.approx(0.7)  # the next step is due in 0.7 s
     assert pace.retry_after(103.9) == pytest.approx(0.25)  # due soon: a quarter interval, never a spin
     assert pace.retry_after(110.0) == pytest.approx(0.25)  # overdue: polled four times a step interval
+
+
+def test_late_leases_are_the_unanswered_unexpired_ones_granted_at_or_before_a_step():
+    clock = FakeClock()
+    source = _source(100, prompts_per_step=2, max_staleness=1, clock=clock)
+    old = _keys(source, "slow", 2, step=0)
+    clock.now += 1.0
+    _keys(source, "fast", 2, step=1)
+    assert source.late_leases(through_step=0) == (2, LEASE_S - 1.0)
+    assert source.late_leases(through_step=-1) == (0, float("inf"))
+    source.hold(old[0])  # its group is queued
+    assert source.late_leases(0) == (1, LEASE_S - 1.0)
+    source.release(old[1])  # dropped: re-issued at the next lease, nobody is sampling it
+    assert source.late_leases(0)[0] == 0
+    assert source.late_leases(1) == (2, LEASE_S)  # the fast actor's, leased a second later
+    clock.now += LEASE_S
+    assert source.late_leases(1)[0] == 0  # expired: its actor is gone, waiting would not bring it

@@ -18,7 +18,9 @@ B, ETA = 4, 1
 
 
 def test_an_actor_asking_past_the_budget_gets_fewer_then_a_hint_then_more_after_a_step():
-    with running_service(PromptSource(make_prompts(64)), prompts_per_step=B, max_staleness=ETA) as (service, address):
+    # leases left unanswered on purpose: no step waits for them (that wait is tested below)
+    with running_service(PromptSource(make_prompts(64)), prompts_per_step=B, max_staleness=ETA,
+                         late_group_wait_s=0) as (service, address):
         client = connected_client(address)
         first = client.lease_prompts(20)
         assert len(first.prompts) == (ETA + 0 + 1) * B and not first.exhausted
@@ -125,7 +127,7 @@ def test_the_token_ledger_counts_every_received_token_in_one_place_and_balances(
     """Completion tokens follow the groups: trained, retired without signal, duplicate, stale (on
     arrival), waiting in the queue; each counter holds the tokens of its groups and the ledger balances."""
     weights = [("w", np.zeros(4, np.float32))]
-    with running_service(PromptSource(make_prompts(16)), max_staleness=0) as (service, address):
+    with running_service(PromptSource(make_prompts(16)), max_staleness=0, late_group_wait_s=0) as (service, address):
         service.publish_weights(0, weights)
         client = connected_client(address)
         leases = client.lease_prompts(5).prompts
@@ -150,4 +152,89 @@ def test_the_token_ledger_counts_every_received_token_in_one_place_and_balances(
         c = service.accounting()
         assert c["tokens_stale_at_dequeue"] == 4 * (7 + 11) and c["tokens_queued"] == 4 * (3 + 5 + 7 + 11)
         assert balance_violations(c) == []
+        client.close()
+
+
+def _serve_version(service, client, version: int) -> None:
+    service.publish_weights(version, [("w", np.zeros(4, np.float32))])
+    assert client.report_weights(version, applied=True)
+
+
+def test_the_step_that_would_make_a_leased_group_stale_waits_for_it_and_trains_it_first():
+    """An actor a version behind its peer: the learner holds the batch back until the group leased
+    η versions ago arrives, and trains it first (oldest version first), instead of publishing the
+    version that would drop it; without the group, the wait ends at rollout.late_group_wait_s."""
+    b, eta = 2, 1
+    with running_service(PromptSource(make_prompts(64)), prompts_per_step=b, max_staleness=eta,
+                         late_group_wait_s=30.0) as (service, address):
+        slow, fast = connected_client(address, "slow"), connected_client(address, "fast")
+        _serve_version(service, slow, 0)
+        assert fast.report_weights(0, applied=True)
+        late = slow.lease_prompts(b).prompts  # leased at step 0
+        first = fast.lease_prompts(b).prompts
+        for i, lease in enumerate(first):
+            fast.send_group(make_group(lease, "fast", policy_version=0, seed=i))
+        step_1 = service.next_batch(b, timeout=10)  # step 0 -> 1: nothing leased at step -1 to wait for
+        assert sorted(r.group_id for r in step_1) == sorted(p.group_id for p in first)
+        service.mark_consumed([r.group_id for r in step_1])
+        service.set_step(1)
+        _serve_version(service, fast, 1)
+        newer = fast.lease_prompts(b).prompts  # leased at step 1
+        for i, lease in enumerate(newer):
+            fast.send_group(make_group(lease, "fast", policy_version=1, seed=10 + i))
+        wait_until(lambda: service.queue_depth() == b, what="the fast actor's groups queued")
+
+        batches: list[list] = []
+        taker = threading.Thread(target=lambda: batches.append(service.next_batch(b, timeout=60)))
+        taker.start()
+        taker.join(1.0)
+        assert taker.is_alive(), "publishing step 2 now would leave the slow actor's groups stale"
+        for i, lease in enumerate(late):
+            slow.send_group(make_group(lease, "slow", policy_version=0, seed=20 + i))
+        taker.join(10)
+        [step_2] = batches
+        assert sorted(r.group_id for r in step_2) == sorted(p.group_id for p in late)  # oldest first
+        assert service.stale_report()["late_group_wait"]["steps_waited"] == 1
+
+        # the newer groups go into step 3, after them: nothing was dropped
+        service.mark_consumed([r.group_id for r in step_2])
+        service.set_step(2)
+        step_3 = service.next_batch(b, timeout=10)
+        assert sorted(r.group_id for r in step_3) == sorted(p.group_id for p in newer)
+        assert service.accounting()["groups_stale"] == 0
+        slow.close()
+        fast.close()
+
+
+def test_the_wait_for_late_groups_ends_at_its_bound_and_is_reported():
+    b, eta = 2, 0
+    with running_service(PromptSource(make_prompts(64)), prompts_per_step=b, max_staleness=eta,
+                         late_group_wait_s=0.5) as (service, address):
+        client = connected_client(address)
+        leases = client.lease_prompts(b).prompts
+        client.send_group(make_group(leases[0], client.actor_id, seed=0))
+        # the other lease never comes back (its lease is 60 s): the step waits 0.5 s for it, then
+        # takes what the queue has
+        batch = service.next_batch(1, timeout=10)
+        assert [r.group_id for r in batch] == [leases[0].group_id]
+        report = service.stale_report()["late_group_wait"]
+        assert report["steps_waited"] == 1 and report["steps_given_up"] == 1
+        assert 0.45 <= report["seconds_waited"] < 5, report
+        client.close()
+
+
+def test_an_actor_eta_versions_behind_gets_no_lease_until_it_loads_a_newer_version():
+    """Asynchronous: what it sampled would be stale on arrival, whatever the budget says; it is told
+    to ask again at once (it loads the newer version it learns of from the reply first)."""
+    eta = 2
+    with running_service(PromptSource(make_prompts(64)), prompts_per_step=B, max_staleness=eta) as (service, address):
+        client = connected_client(address)
+        _serve_version(service, client, 0)
+        for version in (1, 2):  # two learner steps, each published; the actor loads neither
+            service.set_step(version)
+            service.publish_weights(version, [("w", np.zeros(4, np.float32))])
+        reply = client.lease_prompts(4)  # serves v0 (step 0), the learner is at step 2: 0 <= 2 - η
+        assert reply.prompts == [] and reply.retry_after_s == RETRY_MIN_S and client.latest_version == 2
+        assert client.report_weights(1, applied=True)  # one version newer is enough: 1 > 2 - η
+        assert len(client.lease_prompts(4).prompts) == 4
         client.close()

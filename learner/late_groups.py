@@ -1,0 +1,64 @@
+"""Holding a step back for groups that are about to go stale.
+
+The lease budget (learner/lease_budget.py) bounds how many prompts are in use, and the queue trains the
+oldest policy version first (learner/group_queue.py); neither stops the learner from publishing the
+version that makes a group still being sampled stale. An actor a step behind its peer (a slower
+core, its later start) then has its group dropped on arrival, its sampling wasted. So while a group
+leased at budget step s − η or earlier is still out, the batch of step s + 1 takes no group: the late
+one comes first (oldest first) instead of being dropped after the step. The hold is bounded per step
+(`rollout.late_group_wait_s`), ends when those leases expire (a dead actor), and is skipped while the
+queue is full (the late groups could not get in). Actors η versions behind get no new leases at all
+(learner/service.py), so only groups leased in time are ever waited for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class LateGroupWait:
+    """The per-step bound of the hold, and what holding cost (reported in the run summary)."""
+
+    wait_s: float
+    """the longest a step holds for late groups; 0 = never"""
+    steps_waited: int = 0
+    """steps whose batch was held for late groups"""
+    seconds_waited: float = 0.0
+    steps_given_up: int = 0
+    """steps whose hold ran out with late groups still out (they are dropped as stale if they come)"""
+    _step: int = -1
+    _until: float = 0.0
+    _held_since: float | None = None
+    _counted: tuple[bool, bool] = (False, False)  # (waited, given up) counted for _step
+
+    def hold(self, step: int, now: float, late: int, expires_in: float) -> float:
+        """Seconds to hold the batch of step + 1 for `late` groups whose first lease expires in
+        `expires_in` s; 0: take groups now. The first call of a step starts its bound."""
+        if step != self._step:
+            self.release(now)
+            self._step, self._until, self._counted = step, now + self.wait_s, (False, False)
+        waited, given_up = self._counted
+        if late and now < self._until:
+            if self._held_since is None:
+                self._held_since = now
+            self.steps_waited += not waited
+            self._counted = (True, given_up)
+            return max(min(self._until - now, expires_in), 1e-3)
+        self.release(now)
+        if late and not given_up:
+            self.steps_given_up += 1
+            self._counted = (waited, True)
+        return 0.0
+
+    def release(self, now: float) -> None:
+        """The hold (if any) ends now: count its time."""
+        if self._held_since is not None:
+            self.seconds_waited += now - self._held_since
+            self._held_since = None
+
+    def report(self) -> dict[str, float]:
+        return {"steps_waited": self.steps_waited, "seconds_waited": round(self.seconds_waited, 3),
+                "steps_given_up": self.steps_given_up}
+
+
