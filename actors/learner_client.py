@@ -256,6 +256,12 @@ class LearnerClient:
         with self._cond:
             return self._outbox.is_unacked(group_id)
 
+    def wait_for_final_ack(self, group_id: str, timeout: float) -> bool:
+        """Wait up to `timeout` for a submitted group's final ack; True when it has none left to wait
+        for (acked, never submitted, or the client closed)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._closed or not self._outbox.is_unacked(group_id), timeout)
+
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every sent group got a final ack (CONSUMED/DUPLICATE/STALE/INVALID)."""
         with self._cond:

@@ -63,6 +63,7 @@ from actors.stats import ActorStats, TimeShareMeter
 
 log = logging.getLogger(__name__)
 
+ACK_WAIT_S = 1.0  # the longest a re-issued lease waits for our earlier copy's final ack
 CREDIT_POLL_S = 0.5  # while blocked on credits, how often a waiting weight version is looked at
 WEIGHT_POLL_S = 0.1  # how often the weights thread looks at the latest version (a local read)
 SCORE_POLL_S = 0.05  # an actor with nothing in its engine waits this long at most for one group's scores
@@ -367,8 +368,11 @@ class RolloutActor:
     def _fitting(self, leases: list[Prompt]) -> list[Prompt]:
         """The leases worth sampling: a prompt too long for us is refused (the learner retires it); a
         lease that expired while we sampled it may come back to us while our group for it is still on
-        its way (or queued), and the learner has that copy, so sampling it again is waste."""
-        leases = [lease for lease in leases if not self.client.is_unacked(lease.group_id)]
+        its way (or queued), and the learner has that copy, so sampling it again is waste. A prompt the
+        learner re-issues because it dropped our group (stale) comes back before that drop's ack may
+        have reached us: wait briefly for the ack, or the lease would sit unsampled until it expires
+        (lease_seconds; the learner held steps back for it)."""
+        leases = [lease for lease in leases if self.client.wait_for_final_ack(lease.group_id, ACK_WAIT_S)]
         for lease in leases:
             if len(lease.prompt_ids) > self.max_prompt_tokens:
                 self.counters.prompts_filtered += 1

@@ -419,3 +419,21 @@ def test_fetching_from_a_learner_that_is_down_fails_fast():
         client.fetch_weights()
     assert time.monotonic() - start < 10
     client.close()
+
+
+def test_waiting_for_a_groups_final_ack_ends_when_it_comes():
+    """A prompt re-issued to the actor whose copy the learner just dropped may come back before that
+    drop's ack: the actor waits for the ack instead of skipping the lease (which then sat unsampled
+    until it expired, 60 s in which the learner held its steps for it)."""
+    with running_service(PromptSource(make_prompts(4))) as (service, address):
+        client = connected_client(address)
+        (lease,) = client.lease_prompts(1).prompts
+        assert client.wait_for_final_ack(lease.group_id, 0.01)  # never sent: nothing to wait for
+        client.send_group(make_group(lease, client.actor_id))
+        wait_until(lambda: service.queue_depth() == 1, what="the group queued")
+        assert not client.wait_for_final_ack(lease.group_id, 0.2)  # queued: QUEUED is not final
+        [record] = service.next_batch(1, timeout=5)
+        threading.Timer(0.2, service.mark_consumed, args=([record.group_id],)).start()
+        started = time.monotonic()
+        assert client.wait_for_final_ack(lease.group_id, 10) and time.monotonic() - started < 5
+        client.close()
