@@ -36,7 +36,7 @@ from typing import Any
 import grpc
 
 from actors.outbox import PROBE_DELAY_S, Outbox, Send
-from actors.weight_staging import StagedWeights, WeightTransferError, stage_weights
+from actors.weight_staging import SharedFileGone, StagedWeights, WeightTransferError, stage_weights
 from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
 from tandem_wire.bulk import shared_memory_domain
 from tandem_wire.limits import CREDENTIAL_METADATA_KEY, MAX_DETAIL_CHARS
@@ -288,7 +288,11 @@ class LearnerClient:
         staged = None
         if self._shared_memory_domain:
             try:
-                staged = self._fetch(version, self._shared_memory_domain)
+                try:
+                    staged = self._fetch(version, self._shared_memory_domain)
+                except SharedFileGone:  # superseded as we opened it: the next answer names the newer file
+                    self.weight_fetches["shared_failed"] += 1
+                    staged = self._fetch(version, self._shared_memory_domain)
             except WeightTransferError as error:
                 self.weight_fetches["shared_failed"] += 1
                 log.warning("%s: weights from shared memory failed, streaming them instead: %s", self.actor_id, error)

@@ -45,6 +45,11 @@ class WeightTransferError(RuntimeError):
     """A weight stream that is incomplete, malformed or fails its checksum."""
 
 
+class SharedFileGone(WeightTransferError):
+    """The shared file the learner named no longer exists: the learner finishes its (3-message) stream
+    and unpins the version before we open the file, and a publish in between removes it."""
+
+
 @dataclass(frozen=True)
 class StagedWeights:
     version: int
@@ -141,6 +146,8 @@ def _map_shared(shared: pb.SharedWeights, header: pb.WeightHeader) -> np.ndarray
         raise WeightTransferError(f"shared weights outside {SHM_DIR}: {shared.path!r}")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError as error:
+        raise SharedFileGone(f"shared weights gone (superseded?): {error}") from None
     except OSError as error:
         raise WeightTransferError(f"shared weights unreadable: {error}") from None
     try:

@@ -6,6 +6,7 @@ files removed with their versions and at stop, files of dead learners swept and 
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import grpc
 import ml_dtypes
 import numpy as np
 import pytest
-from wire_helpers import connected_client, running_service
+from wire_helpers import connected_client, running_service, wait_until
 
 from actors.weight_staging import WeightTransferError, stage_weights
 from learner.shared_weights import STALE_NAME, SharedWeightFiles, remove_stale_files
@@ -84,7 +85,7 @@ def test_same_host_actors_read_one_shared_copy_and_egress_stays_one_version():
 @pytest.mark.parametrize("damage, reason", [
     (lambda path: _flip_byte(path), "blake3 mismatch"),
     (lambda path: os.truncate(path, 100), "not a file of"),
-    (lambda path: os.unlink(path), "unreadable"),
+    (lambda path: os.unlink(path), "gone"),  # asked twice (it may have been superseded), then streamed
 ])
 def test_a_damaged_shared_file_is_never_trusted_and_the_stream_is_used_instead(damage, reason, caplog):
     with running_service(weight_chunk_bytes=4096) as (service, address):
@@ -92,8 +93,41 @@ def test_a_damaged_shared_file_is_never_trusted_and_the_stream_is_used_instead(d
         damage(_shared_path(service, 1))
         client = connected_client(address)
         assert _bit_equal(_weights(1), client.fetch_weights())
-        assert client.weight_fetches == {"shared": 0, "streamed": 1, "shared_failed": 1}
+        assert client.weight_fetches == {"shared": 0, "streamed": 1, "shared_failed": 1 + (reason == "gone")}
         assert reason in caplog.text
+        client.close()
+
+
+def test_a_version_superseded_before_its_file_is_opened_is_fetched_again_from_shared_memory(monkeypatch):
+    """The learner's stream of a shared version is 3 small messages: it ends, and unpins the version,
+    before the actor opens the file; a publish in between removes the file. The actor asks again and
+    reads the newer version's file instead of streaming the whole version (CI saw one such fallback
+    push the egress of a 10-step run past one version)."""
+    import actors.learner_client as learner_client_module
+
+    with running_service(weight_chunk_bytes=4096) as (service, address):
+        service.publish_weights(1, _weights(1))
+        calls: list[int] = []
+
+        def superseded_first(messages, version, allow_shared=False):
+            calls.append(version)
+            if len(calls) > 1:
+                return stage_weights(messages, version, allow_shared)
+            stream = iter(messages)
+            head = list(itertools.islice(stream, 2))  # header, shared path of v1
+            service.publish_weights(2, _weights(2))
+            # the learner's stream ends, v1 loses its last reader and its file goes
+            wait_until(lambda: not os.path.exists(head[1].shared.path), what="v1's file removed")
+            return stage_weights(itertools.chain(head, stream), version, allow_shared)
+
+        monkeypatch.setattr(learner_client_module, "stage_weights", superseded_first)
+        client = connected_client(address)
+        streamed_before = service.accounting()["weight_bytes_streamed"]
+        staged = client.fetch_weights()
+        assert staged.version == 2 and _bit_equal(_weights(2), staged)
+        assert client.weight_fetches == {"shared": 1, "streamed": 0, "shared_failed": 1}
+        control = service.accounting()["weight_bytes_streamed"] - streamed_before
+        assert control < 4 * 1024 < _held(service, 2).header.total_bytes  # headers, paths, commits only
         client.close()
 
 
