@@ -28,7 +28,7 @@ import enum
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -174,15 +174,17 @@ class PromptSource:
             self._counts["prompts_leased"] += len(keys)
             return [self.prompt(key) for key in keys]
 
-    def late_leases(self, through_step: int) -> tuple[int, float]:
+    def late_leases(self, through_step: int, moved_on: Container[str] = ()) -> tuple[int, float]:
         """The leases granted at budget step `through_step` or earlier whose groups have not come back
-        and which have not expired: how many, and the seconds until the first of them expires (inf
-        when there are none). The learner waits for them before a step that would make them stale."""
+        and which have not expired, except those of the holders in `moved_on` (they have loaded newer
+        weights since: what they had not finished is sampled again with those): how many, and the
+        seconds until the first of them expires (inf when there are none). The learner waits for them
+        before a step that would make them stale."""
         with self._lock:
             now = self._clock()
             expiries = [lease.expires_at for lease in self._leases.values()
                         if not lease.held and lease.step is not None and lease.step <= through_step
-                        and lease.expires_at > now]
+                        and lease.expires_at > now and lease.actor_id not in moved_on]
             return len(expiries), min(expiries, default=math.inf) - now
 
     def exhausted(self) -> bool:

@@ -210,10 +210,12 @@ class AdmissionSettings(BaseModel):
                                                       "are told to retry")
     lease_seconds: float = Field(60.0, gt=0, description="a leased prompt not answered within this is "
                                                          "offered again")
-    late_group_wait_s: float = Field(5.0, ge=0, description="while groups leased η versions ago are still being "
-                                                           "sampled, a step holds its batch for them at most this "
-                                                           "long (its version would leave them stale); 0 = never "
-                                                           "hold (they are dropped when they come)")
+    late_group_wait_s: float = Field(0.0, ge=0, description="while groups leased η versions ago are still being "
+                                                           "sampled by an actor that has not loaded newer weights, "
+                                                           "a step holds its batch for them at most this long (its "
+                                                           "version would leave them stale): for fleets with a "
+                                                           "persistently slower actor; it idles the learner. 0 = "
+                                                           "never hold (late groups are dropped when they come)")
     heartbeat_interval_s: float = Field(5.0, gt=0, description="how often actors report liveness")
     actor_timeout_s: float = Field(30.0, gt=0, description="an actor silent this long is replaced")
 

@@ -254,8 +254,12 @@ class LearnerService(rpc.LearnerServicer):
         earlier (0: take groups now). The caller holds the lock."""
         if not self._late.wait_s or not self.config.prompts_per_step:
             return 0.0
-        late, expires_in = (0, math.inf) if self._queue.full() else self._prompts.late_leases(
-            self._step - self.config.admission.max_staleness)
+        late, expires_in = 0, math.inf
+        if not self._queue.full():
+            through = self._step - self.config.admission.max_staleness
+            # an actor that has loaded newer weights since drained or re-sampled its groups in flight
+            moved_on = {a.holder for a in self._registry.records() if self._budget_step(a) > through}
+            late, expires_in = self._prompts.late_leases(through, moved_on)
         return self._late.hold(self._step, time.monotonic(), late, expires_in)
 
     def mark_consumed(self, group_ids: Iterable[str], *, trained: bool = True) -> None:

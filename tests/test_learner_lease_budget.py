@@ -219,5 +219,6 @@ def test_late_leases_are_the_unanswered_unexpired_ones_granted_at_or_before_a_st
     source.release(old[1])  # dropped: re-issued at the next lease, nobody is sampling it
     assert source.late_leases(0)[0] == 0
     assert source.late_leases(1) == (2, LEASE_S)  # the fast actor's, leased a second later
+    assert source.late_leases(1, moved_on={"fast"}) == (0, float("inf"))  # it loaded newer weights since
     clock.now += LEASE_S
     assert source.late_leases(1)[0] == 0  # expired: its actor is gone, waiting would not bring it

@@ -18,9 +18,7 @@ B, ETA = 4, 1
 
 
 def test_an_actor_asking_past_the_budget_gets_fewer_then_a_hint_then_more_after_a_step():
-    # leases left unanswered on purpose: no step waits for them (that wait is tested below)
-    with running_service(PromptSource(make_prompts(64)), prompts_per_step=B, max_staleness=ETA,
-                         late_group_wait_s=0) as (service, address):
+    with running_service(PromptSource(make_prompts(64)), prompts_per_step=B, max_staleness=ETA) as (service, address):
         client = connected_client(address)
         first = client.lease_prompts(20)
         assert len(first.prompts) == (ETA + 0 + 1) * B and not first.exhausted
@@ -127,7 +125,7 @@ def test_the_token_ledger_counts_every_received_token_in_one_place_and_balances(
     """Completion tokens follow the groups: trained, retired without signal, duplicate, stale (on
     arrival), waiting in the queue; each counter holds the tokens of its groups and the ledger balances."""
     weights = [("w", np.zeros(4, np.float32))]
-    with running_service(PromptSource(make_prompts(16)), max_staleness=0, late_group_wait_s=0) as (service, address):
+    with running_service(PromptSource(make_prompts(16)), max_staleness=0) as (service, address):
         service.publish_weights(0, weights)
         client = connected_client(address)
         leases = client.lease_prompts(5).prompts
