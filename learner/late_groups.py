@@ -34,25 +34,25 @@ class LateGroupWait:
     _step: int = -1
     _until: float = 0.0
     _held_since: float | None = None
-    _counted: tuple[bool, bool] = (False, False)  # (waited, given up) counted for _step
+    _waited_step: int = -1  # the last step counted in steps_waited
+    _given_up_step: int = -1  # the last step counted in steps_given_up
 
     def hold(self, step: int, now: float, late: int, expires_in: float) -> float:
         """Seconds to hold the batch of step + 1 for `late` groups whose first lease expires in
         `expires_in` s; 0: take groups now. The first call of a step starts its bound."""
         if step != self._step:
             self.release(now)
-            self._step, self._until, self._counted = step, now + self.wait_s, (False, False)
-        waited, given_up = self._counted
+            self._step, self._until = step, now + self.wait_s
         if late and now < self._until:
             if self._held_since is None:
                 self._held_since = now
-            self.steps_waited += not waited
-            self._counted = (True, given_up)
+            self.steps_waited += self._waited_step != step
+            self._waited_step = step
             return max(min(self._until - now, expires_in), 1e-3)
         self.release(now)
-        if late and not given_up:
-            self.steps_given_up += 1
-            self._counted = (waited, True)
+        if late:
+            self.steps_given_up += self._given_up_step != step
+            self._given_up_step = step
         return 0.0
 
     def release(self, now: float) -> None:
@@ -64,5 +64,3 @@ class LateGroupWait:
     def report(self) -> dict[str, float]:
         return {"steps_waited": self.steps_waited, "seconds_waited": round(self.seconds_waited, 3),
                 "steps_given_up": self.steps_given_up}
-
-
