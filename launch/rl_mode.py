@@ -48,15 +48,19 @@ def build_rl_learner(run: Run, tokenizer, writer: MetricsWriter | None = None) -
     Multi-host, only process 0 has the prompt source and the service."""
     config = run.config
     trainer = build_trainer(run, temperature=config.rollout.temperature)
-    service = None
+    service, first_len = None, None
     if is_leader():
-        prompts = PromptSource(chat_prompt_rows(run.train_data, tokenizer, split=config.data.split),
-                               epochs=None, seed=config.seed)
-        service = LearnerService(prompts, config.service_config(
+        rows = chat_prompt_rows(run.train_data, tokenizer, split=config.data.split)
+        service = LearnerService(PromptSource(rows, epochs=None, seed=config.seed), config.service_config(
             vocab_size=int(trainer.loaded.hf_config["vocab_size"])))
+        # the longest prompt an actor samples, completed to max_tokens: what a batch holding one
+        # truncated completion of it needs (the step is compiled for it while the actors start)
+        first_len = min(max(len(r.prompt_ids) for r in rows), config.rollout.max_prompt_tokens) \
+            + config.rollout.max_tokens
     checkpointer = Checkpointer(run.run_dir / "checkpoints", max_to_keep=config.train.keep_checkpoints,
                                 save_every=config.train.checkpoint_every)
-    return RLLoop(trainer, service, checkpointer, writer, config.loop_config(), pad_id=tokenizer.pad_token_id)
+    return RLLoop(trainer, service, checkpointer, writer, config.loop_config(), pad_id=tokenizer.pad_token_id,
+                  compile_ahead_len=first_len)
 
 
 def advertised_host(bind_host: str) -> str:

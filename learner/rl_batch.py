@@ -48,6 +48,22 @@ class RLBatch(NamedTuple):
     advantages: np.ndarray  # float32 [B]
 
 
+def empty_rl_batch(rows: int, length: int) -> RLBatch:
+    """An all-padding batch of `rows` × `length` (its shape and dtypes are what compiling a step needs)."""
+    def grid(dtype: type) -> np.ndarray:
+        return np.zeros((rows, length), dtype)
+
+    return RLBatch(grid(np.int32), grid(np.int32), grid(np.float32), grid(np.float32), np.zeros((rows,), np.float32))
+
+
+def bucket_for(length: int, buckets: Sequence[int]) -> int:
+    """The smallest of `buckets` that holds a sequence of `length` tokens."""
+    fitting = [b for b in sorted(buckets) if b >= length]
+    if not fitting:
+        raise ValueError(f"a sequence of {length} tokens exceeds the largest length bucket {max(buckets)}")
+    return fitting[0]
+
+
 def pow2_buckets(max_len: int, min_len: int = 16) -> tuple[int, ...]:
     """Length buckets min_len, 2·min_len, ... up to and including max_len."""
     if not 0 < min_len <= max_len:
@@ -95,12 +111,8 @@ def assemble_rl_batch(
     num_rows = rows if num_rows is None else num_rows
     if num_rows < rows:
         raise ValueError(f"{rows} completions do not fit in num_rows={num_rows}")
-    longest = max(len(g.prompt_ids) + len(c.token_ids) for g in groups for c in g.completions)
-    fitting = [b for b in sorted(length_buckets) if b >= longest]
-    if not fitting:
-        raise ValueError(f"a sequence of {longest} tokens exceeds the largest length bucket "
-                         f"{max(length_buckets)}")
-    length = fitting[0]
+    length = bucket_for(max(len(g.prompt_ids) + len(c.token_ids) for g in groups for c in g.completions),
+                        length_buckets)
 
     input_ids = np.full((num_rows, length), pad_id, np.int32)
     attention_mask = np.zeros((num_rows, length), np.int32)

@@ -28,6 +28,7 @@ before the crash are older than max_staleness and dropped as stale (their prompt
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from typing import Any
@@ -39,7 +40,7 @@ from learner.checkpoint import Checkpointer
 from learner.guard import JumpDetector
 from learner.metrics import MetricsWriter, StepCallback
 from learner.multihost import RunStopped, StepMessage, exchange, is_multiprocess
-from learner.rl_batch import RLBatch, assemble_rl_batch, pow2_buckets
+from learner.rl_batch import RLBatch, assemble_rl_batch, bucket_for, pow2_buckets
 from learner.schema import RLLoopConfig
 from learner.service import GroupRecord, LearnerService
 from learner.train_step import SKIPPED, Trainer
@@ -62,11 +63,16 @@ class RLLoop:
     """Drives one RL run on the learner side; the actors and reward pool live elsewhere."""
 
     def __init__(self, trainer: Trainer, service: LearnerService | None, checkpointer: Checkpointer,
-                 writer: MetricsWriter | None, config: RLLoopConfig, *, pad_id: int):
+                 writer: MetricsWriter | None, config: RLLoopConfig, *, pad_id: int,
+                 compile_ahead_len: int | None = None):
         """`service` is None on learner processes other than 0 (multi-host): they receive each step's
-        batch from process 0 (learner.multihost) and run the same steps, gathers and checkpoints."""
+        batch from process 0 (learner.multihost) and run the same steps, gathers and checkpoints.
+        `compile_ahead_len`: the sequence length the first batch is expected to need (the longest
+        prompt plus max_tokens); `run` compiles the step for its length bucket while the actors sample
+        the first groups. None: the step compiles on first use."""
         self.trainer, self.service, self.checkpointer, self.writer = trainer, service, checkpointer, writer
-        self.config, self.pad_id = config, pad_id
+        self.config, self.pad_id, self.compile_ahead_len = config, pad_id, compile_ahead_len
+        self._compiling: threading.Thread | None = None
         self.buckets = pow2_buckets(config.max_sequence_len, min(config.min_bucket_len, config.max_sequence_len))
         self.step = 0
         self.version = 0
@@ -111,6 +117,13 @@ class RLLoop:
 
     def run(self, on_step: StepCallback | None = None) -> dict[str, Any]:
         """Train until `config.train.steps` (or the guard stops it); returns the final accounting."""
+        self._compile_ahead()
+        try:
+            return self._run(on_step)
+        finally:
+            self._compiled()
+
+    def _run(self, on_step: StepCallback | None) -> dict[str, Any]:
         started = time.monotonic()
         while self.step < self.config.train.steps:
             waited = time.perf_counter()
@@ -137,6 +150,34 @@ class RLLoop:
                 break
         self.checkpointer.wait()
         return {} if self.service is None else self.service.accounting()
+
+    def _compile_ahead(self) -> None:
+        """Compile the rl step in the background while the first groups are sampled: the learner would
+        otherwise wait idle for them, then compile (~10 s on the demo on one CPU core, minutes for a
+        large model). The length is a guess; a batch of another length bucket compiles on first use."""
+        if self.compile_ahead_len is None or self.step >= self.config.train.steps:
+            return
+        rows = self.config.train.prompts_per_step * self.config.group_size
+        length = bucket_for(min(self.compile_ahead_len, self.config.max_sequence_len), self.buckets)
+
+        def compile_step() -> None:
+            started = time.perf_counter()
+            try:
+                self.trainer.compile_rl_step(rows, length)
+            except Exception:  # the step compiles again on first use, and raises there if it must
+                log.warning("compiling the rl step ahead (%d x %d) failed", rows, length, exc_info=True)
+                return
+            log.info("rl step compiled ahead for %d x %d tokens in %.1f s", rows, length,
+                     time.perf_counter() - started)
+
+        self._compiling = threading.Thread(target=compile_step, name="compile-ahead", daemon=True)
+        self._compiling.start()
+
+    def _compiled(self) -> None:
+        """Wait for the compilation ahead, if any (never compile one step twice at once)."""
+        if self._compiling is not None:
+            self._compiling.join()
+            self._compiling = None
 
     def _leader_groups(self) -> list[GroupRecord]:
         """Process 0's groups for this step ([] on the others); a run process 0 stops is told to all."""
@@ -245,6 +286,7 @@ class RLLoop:
             broadcast_s = time.perf_counter() - sent
         if batch is None:
             return dict(SKIPPED)
+        self._compiled()
         metrics = self.trainer.rl_step(batch)
         metrics.update(stats)
         metrics["learner_step_s"] = time.perf_counter() - started

@@ -32,7 +32,7 @@ from learner.losses import LossConfig, Normalizer, normalizer_for, policy_loss
 from learner.mesh import is_leader, shard_rows
 from learner.metrics import Throughput, to_host
 from learner.optim import OptimizerConfig, make_optimizer, make_schedule
-from learner.rl_batch import RLBatch
+from learner.rl_batch import RLBatch, empty_rl_batch
 from learner.train_state import TrainState, init_train_state
 from models.jax_model import LoadedModel, export_hf_tensors, save_hf_dir
 
@@ -105,6 +105,14 @@ class Trainer:
             return dict(SKIPPED)
         return self._run("rl", batch._asdict(), batch.completion_mask)
 
+    def compile_rl_step(self, rows: int, length: int) -> None:
+        """Compile the rl step for batches of `rows` × `length` now, so that the first such step starts
+        at once (the RL loop does this while the actors sample its first groups). Thread-safe while no
+        step runs: it only reads the state's shapes and shardings."""
+        with jax.set_mesh(self.mesh):
+            batch = shard_rows(self.mesh, empty_rl_batch(rows, length)._asdict())
+            self._step("rl").lower(self.state, batch, self._reference).compile()
+
     def sft_step(self, batch: TokenBatch) -> dict[str, float]:
         return self._run("ce", batch._asdict(), batch.loss_mask)
 
@@ -139,15 +147,19 @@ class Trainer:
             raise ValueError(f"batch of {rows} rows does not split into {self.micro_batches} micro-batches")
         if not loss_mask.any():
             return dict(SKIPPED)
+        with Throughput() as meter, jax.set_mesh(self.mesh):
+            batch = shard_rows(self.mesh, arrays)
+            self.state, metrics = self._step(kind)(self.state, batch, self._reference)
+            metrics = to_host(metrics)
+        return {**metrics, **meter.metrics(int(arrays["attention_mask"].sum()))}
+
+    def _step(self, kind: str) -> Callable:
+        """The jitted update of `kind` (one per kind; jax caches its compilations per batch shape)."""
         if kind not in self._steps:
             loss_fn = self._rl_loss if kind == "rl" else self._ce_loss
             self._steps[kind] = jax.jit(functools.partial(self._update, loss_fn=loss_fn, kind=kind),
                                         donate_argnums=0)
-        with Throughput() as meter, jax.set_mesh(self.mesh):
-            batch = shard_rows(self.mesh, arrays)
-            self.state, metrics = self._steps[kind](self.state, batch, self._reference)
-            metrics = to_host(metrics)
-        return {**metrics, **meter.metrics(int(arrays["attention_mask"].sum()))}
+        return self._steps[kind]
 
     def _normalizer(self, batch: Batch, kind: str) -> Normalizer:
         return normalizer_for(batch["completion_mask" if kind == "rl" else "loss_mask"][:, 1:])

@@ -152,3 +152,36 @@ def test_grpo_steps_raise_the_likelihood_of_positive_advantage_completions(hf_di
     assert (delta[batch.advantages > 0] > 0.05).all(), delta
     assert (delta[batch.advantages < 0] < 0).all(), delta
     assert last["kl"] > 0 and stats["zero_signal_group_frac"] == 0
+
+
+def test_a_step_compiled_ahead_starts_without_compiling_and_updates_as_before(hf_dir):
+    """RLLoop compiles the step while the first groups are sampled (Trainer.compile_rl_step); the
+    first step of that shape then compiles nothing, and makes the update a cold step makes."""
+    mesh = make_mesh(1, 1)
+    batch, _ = _on_policy_batch(load_model(hf_dir, mesh=mesh).model, mesh)
+    compiles: list[str] = []
+
+    def listen(event: str, duration_secs: float, **_: object) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        params = {}
+        for ahead in (True, False):
+            trainer = Trainer(load_model(hf_dir, mesh=mesh), mesh, OptimizerConfig(learning_rate=2e-3))
+            compiles.clear()
+            if ahead:
+                trainer.compile_rl_step(*batch.input_ids.shape)
+                assert compiles  # it compiled
+                compiles.clear()
+            trainer.rl_step(batch)
+            params[ahead] = [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
+            assert bool(compiles) != ahead, (ahead, compiles)  # compiled ahead: nothing left to compile
+        shorter = batch._replace(**{k: v[:, :-1] for k, v in batch._asdict().items() if v.ndim == 2})
+        trainer.rl_step(shorter)
+        assert compiles  # another shape still compiles on first use
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    for cold, warm in zip(params[False], params[True], strict=True):
+        np.testing.assert_array_equal(cold, warm)

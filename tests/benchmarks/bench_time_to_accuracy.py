@@ -3,7 +3,7 @@ the same SFT checkpoint.
 
     .venv/bin/python tests/benchmarks/bench_time_to_accuracy.py --model runs/demo/sft/hf_final \\
         --data runs/demo/data [--staleness 0 1 2 4 --steps 40 --eval-every 5 --targets 0.5 0.9 \\
-        --seeds 0 1 --out runs/tta]
+        --seeds 0 1 --out runs/tta --pinned]
 
 Runs the demo's RL stage (launch/configs/demo_rl.yaml, or --config) once per η and seed through
 `launch/rl.py` (its own local Ray each time): η = 0 is the synchronous mode (rollout.sync=true,
@@ -14,6 +14,9 @@ waits), so every mode pays the same for being measured. Prints one JSON line: pe
 the final accuracy, the staleness histogram of the groups trained on (summed over steps) and the
 first time at or above each of --targets; per η, the medians over seeds, and sync's time over each
 η's. Writes `time_to_accuracy.png` (accuracy against minutes, one line per run) into --out.
+With --pinned each run goes through pinned_rl.py instead: actors on one half of the cores, the
+learner on the other, as deployed actors and learner have their own accelerators (unpinned, on a
+2-core machine each phase of a synchronous run gets both cores, which no deployment gives it).
 """
 
 from __future__ import annotations
@@ -73,7 +76,8 @@ def first_at(points: list[tuple[float, float]], target: float) -> float | None:
 
 def run_one(args: argparse.Namespace, eta: int, seed: int, prompts_per_step: int) -> dict:
     run_dir = Path(args.out) / f"eta{eta}-seed{seed}"
-    cmd = [sys.executable, str(ROOT / "launch" / "rl.py"), str(args.config), f"run_dir={run_dir}",
+    entry = Path(__file__).with_name("pinned_rl.py") if args.pinned else ROOT / "launch" / "rl.py"
+    cmd = [sys.executable, str(entry), str(args.config), f"run_dir={run_dir}",
            f"seed={seed}", f"model.path={args.model}", f"data.dir={args.data}", f"train.steps={args.steps}",
            f"train.eval_every={args.eval_every}", f"train.checkpoint_every={args.steps}",
            f"rollout.fleet_name=tta-eta{eta}-{seed}", *mode_overrides(eta, prompts_per_step), *args.overrides]
@@ -115,6 +119,8 @@ def main() -> None:
                         help="η values to run: 0 = synchronous, k >= 1 = asynchronous with max_staleness k")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--out", default="runs/time_to_accuracy")
+    parser.add_argument("--pinned", action="store_true",
+                        help="actors and learner on separate halves of the cores (pinned_rl.py)")
     parser.add_argument("overrides", nargs="*", help="config key=value overrides for every run")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
