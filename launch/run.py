@@ -20,6 +20,7 @@ from launch.config import ConfigError, TandemConfig, config_help, load_config
 from launch.tasks import HELDOUT_SPLIT, task_files
 from models.tiny import make_tiny_model
 
+COMPILATION_CACHE_DIR = Path.home() / ".cache" / "tandem" / "jax"
 Mode = str  # "pretrain" | "sft" | "rl" | "eval"
 MODES = ("pretrain", "sft", "rl")  # the training modes, in the order the demo runs them
 DESCRIPTIONS = {
@@ -109,9 +110,22 @@ def log_debug_to(run_dir: Path) -> None:
 
 
 def setup_process() -> None:
-    """Logging, and the environment a vLLM engine in this process (the evaluator) needs."""
+    """Logging, JAX's compilation cache, and the environment a vLLM engine in this process (the
+    evaluator) needs."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    use_compilation_cache()
     for name, value in ENGINE_ENV.items():
         os.environ.setdefault(name, value)
     if not sys.stderr.isatty():  # progress bars written to a log file are thousands of \r-joined updates
         os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+
+
+def use_compilation_cache() -> None:
+    """JAX's persistent compilation cache, in COMPILATION_CACHE_DIR unless JAX_COMPILATION_CACHE_DIR
+    names another (JAX_ENABLE_COMPILATION_CACHE=false turns it off): a resumed, restarted or repeated
+    run loads the steps it compiled before instead of compiling them again (MaxText's jax_cache_dir).
+    Call it before the process compiles anything: JAX decides at its first compilation."""
+    import jax
+
+    if not jax.config.jax_compilation_cache_dir:  # JAX reads JAX_COMPILATION_CACHE_DIR at import
+        jax.config.update("jax_compilation_cache_dir", str(COMPILATION_CACHE_DIR))

@@ -1,7 +1,11 @@
-"""Session-wide test set-up: simulated 8-device CPU mesh for JAX, small vLLM KV cache, one Ray."""
+"""Session-wide test set-up: simulated 8-device CPU mesh for JAX, a fresh JAX compilation cache, small
+vLLM KV cache, one Ray."""
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 # Must happen before anything imports jax or vllm.
@@ -11,6 +15,13 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    # JAX's persistent compilation cache, fresh for each session (as on CI's fresh machine): the
+    # processes tests start (relaunched learners, drivers, multi-host pairs) and later tests load
+    # the steps earlier ones compiled instead of compiling them again
+    _cache_dir = tempfile.mkdtemp(prefix="tandem-jax-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache_dir
+    atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

@@ -1,7 +1,10 @@
 """launch/run.py and launch/tasks.py: a run's preparation takes its data from the data-task hook, and
 launch/rl_mode.py stops everything it started when a later part fails."""
 
+import os
 import socket
+import subprocess
+import sys
 import typing
 from pathlib import Path
 
@@ -35,6 +38,18 @@ def test_prepare_takes_the_modes_split_and_the_heldout_split_from_the_task(tmp_p
     assert calls == [(data_dir, 2, 7)]
     assert run.train_data == (None if mode == "eval" else str(data_dir / f"{mode}.jsonl"))
     assert run.eval_data == str(data_dir / "heldout.jsonl")
+
+
+@pytest.mark.parametrize("chosen", [None, "elsewhere"])
+def test_entrypoints_cache_compilations_in_home_unless_jax_is_told_another_directory(tmp_path, chosen):
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"} | {"HOME": str(tmp_path)}
+    if chosen:
+        env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / chosen)
+    code = ("from launch.run import setup_process; setup_process(); import jax; "
+            "print(jax.config.jax_compilation_cache_dir)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=Path(__file__).resolve().parents[1],
+                         capture_output=True, text=True, check=True).stdout.split()[-1]
+    assert out == str(tmp_path / (chosen or ".cache/tandem/jax"))
 
 
 def test_a_failing_rollout_side_stops_the_service_and_the_ray_this_run_started(tmp_path, monkeypatch):

@@ -156,32 +156,39 @@ def test_grpo_steps_raise_the_likelihood_of_positive_advantage_completions(hf_di
 
 def test_a_step_compiled_ahead_starts_without_compiling_and_updates_as_before(hf_dir):
     """RLLoop compiles the step while the first groups are sampled (Trainer.compile_rl_step); the
-    first step of that shape then compiles nothing, and makes the update a cold step makes."""
+    first step of that shape then neither compiles nor loads anything, and makes the update a cold
+    step makes. (A load is a hit in JAX's persistent compilation cache, which the suite turns on.)"""
     mesh = make_mesh(1, 1)
     batch, _ = _on_policy_batch(load_model(hf_dir, mesh=mesh).model, mesh)
-    compiles: list[str] = []
+    built: list[str] = []  # executables compiled, or loaded from the persistent cache
 
-    def listen(event: str, duration_secs: float, **_: object) -> None:
+    def on_compile(event: str, duration_secs: float, **_: object) -> None:
         if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(event)
+            built.append(event)
 
-    jax.monitoring.register_event_duration_secs_listener(listen)
+    def on_event(event: str, **_: object) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            built.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(on_compile)
+    jax.monitoring.register_event_listener(on_event)
     try:
         params = {}
         for ahead in (True, False):
             trainer = Trainer(load_model(hf_dir, mesh=mesh), mesh, OptimizerConfig(learning_rate=2e-3))
-            compiles.clear()
+            built.clear()
             if ahead:
                 trainer.compile_rl_step(*batch.input_ids.shape)
-                assert compiles  # it compiled
-                compiles.clear()
+                assert built  # it compiled
+                built.clear()
             trainer.rl_step(batch)
             params[ahead] = [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
-            assert bool(compiles) != ahead, (ahead, compiles)  # compiled ahead: nothing left to compile
+            assert bool(built) != ahead, (ahead, built)  # compiled ahead: nothing left to build
         shorter = batch._replace(**{k: v[:, :-1] for k, v in batch._asdict().items() if v.ndim == 2})
         trainer.rl_step(shorter)
-        assert compiles  # another shape still compiles on first use
+        assert built  # another shape still compiles on first use
     finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
+        jax.monitoring.unregister_event_duration_listener(on_compile)
+        jax.monitoring.unregister_event_listener(on_event)
     for cold, warm in zip(params[False], params[True], strict=True):
         np.testing.assert_array_equal(cold, warm)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -81,7 +82,9 @@ def run_one(args: argparse.Namespace, eta: int, seed: int, prompts_per_step: int
            f"seed={seed}", f"model.path={args.model}", f"data.dir={args.data}", f"train.steps={args.steps}",
            f"train.eval_every={args.eval_every}", f"train.checkpoint_every={args.steps}",
            f"rollout.fleet_name=tta-eta{eta}-{seed}", *mode_overrides(eta, prompts_per_step), *args.overrides]
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    # every run compiles its steps: JAX's persistent cache would spare the runs after the first
+    env = {**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"}
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, env=env)
     points = curve(run_dir)
     return {"eta": eta, "mode": mode_name(eta), "seed": seed, "curve": points,
             "final_accuracy": points[-1][1] if points else None, "staleness": staleness_histogram(run_dir),
