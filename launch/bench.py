@@ -5,7 +5,9 @@ same invocation (GitHub issue 9). Not part of `make test`.
 
 Rows (tandem | baseline | ratio):
   rollout    actor tokens/s inside the running RL loop (rewards, gRPC, weight pushes included), async
-             and sync  |  the same vLLM engine generating the same prompts in the same batches alone
+             and sync, and async per second spent inside engine steps (the engine's own speed in the
+             loop, its waits for leases and weight loads left out)  |  the same vLLM engine generating
+             the same prompts in the same batches alone
              vLLM RolloutEngine tokens/s  |  transformers `generate`, same model, prompts, G, T;
              with natural completions (each stops at EOS: varying length) and fixed length (EOS ignored)
   weights    bytes applied per second per update (fetch + verify + load into vLLM)  |  a raw loopback
@@ -226,7 +228,9 @@ def table(results: dict) -> list[tuple[str, float | None, float | None, str]]:
         rows += [("rollout: actor tok/s in RL loop (async) vs engine alone", a["loop_tokens_per_s"],
                   a["standalone_tokens_per_s"], "tok/s"),
                  ("rollout: actor tok/s in RL loop (sync) vs engine alone", s["loop_tokens_per_s"],
-                  a["standalone_tokens_per_s"], "tok/s")]
+                  a["standalone_tokens_per_s"], "tok/s"),
+                 ("rollout: actor tok/s per engine-step second in RL loop (async) vs engine alone",
+                  a["actor_generate_tokens_per_s"], a["standalone_tokens_per_s"], "tok/s")]
     roll = results.get("rollout")
     if roll:
         for length in ("natural", "fixed"):

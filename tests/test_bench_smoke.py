@@ -52,7 +52,7 @@ def test_pieces_fill_every_row_of_the_table(model_dir):
 
     loop = {"demo": {"async": sync, "sync": sync}, "long": {"async": sync, "sync": sync}}
     rows = bench.table({"rollout": rollout, "grpo": grpo, "loop": loop})
-    assert len(rows) == 9 + 2 * 6  # rollout, weight and GRPO rows, and 6 end-to-end rows per config
+    assert len(rows) == 10 + 2 * 6  # rollout, weight and GRPO rows, and 6 end-to-end rows per config
     for name, ours, *_ in rows:
         assert ours is not None and ours >= 0, name
     text = bench.format_table(rows)
