@@ -367,12 +367,16 @@ class RolloutActor:
 
     def _fitting(self, leases: list[Prompt]) -> list[Prompt]:
         """The leases worth sampling: a prompt too long for us is refused (the learner retires it); a
-        lease that expired while we sampled it may come back to us while our group for it is still on
-        its way (or queued), and the learner has that copy, so sampling it again is waste. A prompt the
-        learner re-issues because it dropped our group (stale) comes back before that drop's ack may
-        have reached us: wait briefly for the ack, or the lease would sit unsampled until it expires
-        (lease_seconds; the learner held steps back for it)."""
-        leases = [lease for lease in leases if self.client.wait_for_final_ack(lease.group_id, ACK_WAIT_S)]
+        lease that expired while we sampled it may come back to us while our group for it is still in
+        the engine, being scored, or on its way (or queued), and that copy will reach the learner, so
+        sampling it again is waste (and a second copy of one group is refused by the engine and the
+        client). A prompt the learner re-issues because it dropped our group (stale) comes back before
+        that drop's ack may have reached us: wait briefly for the ack, or the lease would sit
+        unsampled until it expires (lease_seconds; the learner held steps back for it)."""
+        with self._engine_lock:
+            ours = set(self._in_engine) | {scoring.sampled.lease.group_id for scoring in self._scoring}
+        leases = [lease for lease in leases if lease.group_id not in ours
+                  and self.client.wait_for_final_ack(lease.group_id, ACK_WAIT_S)]
         for lease in leases:
             if len(lease.prompt_ids) > self.max_prompt_tokens:
                 self.counters.prompts_filtered += 1

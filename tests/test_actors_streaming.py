@@ -87,3 +87,21 @@ def test_a_version_arriving_mid_sampling_drains_or_aborts_and_every_group_keeps_
     stats = actor.stats()
     assert stats.groups_sent == 2 and stats.tokens_generated == sum(len(c.token_ids) for r in records
                                                                     for c in r.completions)
+
+
+@pytest.mark.parametrize("actor_and_service", [64], ids=["drain"], indirect=True)
+def test_a_lease_back_while_its_group_is_in_the_engine_or_being_scored_is_not_sampled_again(actor_and_service):
+    """A lease that expired while the actor sampled it comes back to it (short leases, a loaded
+    machine, a restarted learner re-issuing). The copy in the engine or waiting for its scores will
+    reach the learner, so the lease is skipped. Sampled again, the second copy ended the sampling
+    loop ("group ... is already waiting for an ack"; CI's learner-restart test stalled on it)."""
+    actor, _, _ = actor_and_service
+    [lease] = actor.client.lease_prompts(1).prompts
+    actor._submit([lease])
+    assert actor._fitting([lease]) == []  # in the engine
+    while lease.group_id in actor._in_engine:
+        actor._step_engine()
+    assert [scoring.sampled.lease.group_id for scoring in actor._scoring] == [lease.group_id]
+    assert actor._fitting([lease]) == []  # being scored
+    actor._send_scored(wait_s=60)
+    assert not actor._scoring and actor.counters.groups_sent == 1

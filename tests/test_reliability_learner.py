@@ -55,7 +55,7 @@ def test_learner_killed_mid_run_resumes_and_actors_reconnect(ray_session, tmp_pa
     run = tiny_run(run_dir, steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, port=port)  # model + data once
     starts, steps_log = run_dir / "starts.jsonl", run_dir / "steps.jsonl"
     first = start_driver(run_dir, port, "driver1.log", hold_at=HOLD_AT)
-    pool = fleet = None
+    pool = fleet = second = None
     try:
         wait_until(starts.exists, 180, "the learner to serve", poll_s=0.2)
         pool, fleet = start_fleet(run, f"127.0.0.1:{port}", num_actors=1)
@@ -68,11 +68,17 @@ def test_learner_killed_mid_run_resumes_and_actors_reconnect(ray_session, tmp_pa
         killed_at = time.monotonic()
         steps_before = read_steps(steps_log)[-1]["step"]
         second = start_driver(run_dir, port, "driver2.log")
-        assert second.wait(300) == 0, (run_dir / "driver2.log").read_text()[-3000:]
+        try:
+            code = second.wait(300)
+        except subprocess.TimeoutExpired:
+            code = "none after 300 s"
+        assert code == 0, (f"relaunched driver: exit {code}\n{(run_dir / 'driver2.log').read_text()[-2000:]}\n"
+                           f"{(run_dir / 'debug.log').read_text()[-3000:]}")
         resumed_s = time.monotonic() - killed_at
     finally:
-        if first.poll() is None:
-            first.kill()
+        for driver in (first, second):
+            if driver is not None and driver.poll() is None:
+                driver.kill()
         stats = stop_fleet(pool, fleet) if fleet is not None else {}
 
     summary = json.loads((run_dir / "summary.json").read_text())
