@@ -43,6 +43,9 @@ class EngineSettings(BaseModel):
     weight_drain_steps: int = Field(64, ge=0, description="async: engine steps a new weight version waits for the "
                                                          "groups in flight to finish before it aborts the rest "
                                                          "(sampled again on the new weights)")
+    weight_relay: bool = Field(True, description="relay the weight versions this actor streams to the actors the "
+                                                 "learner sends to it, so the learner sends each version once "
+                                                 "(server.weight_relay_fanout; off for a TLS learner)")
     num_cpus: float = Field(1.0, ge=0, description="Ray CPUs per actor (plus one 'rollout' resource)")
     sync: bool = Field(False, description="synchronous RL: sample one batch per weight version, then wait for "
                                           "the next (needs max_staleness=0; see actors/rollout_actor.py)")

@@ -36,8 +36,10 @@ from typing import Any
 import grpc
 
 from actors.outbox import PROBE_DELAY_S, Outbox, Send
+from actors.weight_relay import WeightRelayServer, relay_chunks
 from actors.weight_staging import SharedFileGone, StagedWeights, WeightTransferError, stage_weights
 from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
+from tandem_wire.auth import AUTH_METADATA_KEY, bearer
 from tandem_wire.bulk import shared_memory_domain
 from tandem_wire.limits import CREDENTIAL_METADATA_KEY, MAX_DETAIL_CHARS
 
@@ -53,7 +55,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-AUTH_METADATA_KEY = "authorization"
 # A group stream ending with one of these is routine (a learner restart, an idle stream cancelled, a
 # registration the learner no longer knows): reconnect quietly.
 EXPECTED_STREAM_ENDS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAUTHENTICATED)
@@ -113,17 +114,20 @@ class LearnerClient:
         call_timeout_s: float = 30.0,
         on_announcement: Callable[[], None] | None = None,
         shared_memory: bool = True,
+        relay: WeightRelayServer | None = None,
     ) -> None:
         """`on_announcement` is called (on the stream's thread) for each announcement on the group
         stream: a new version, or a lease budget that grew, so a caller waiting for prompts asks again.
-        `shared_memory`: offer this host's shared-memory domain when fetching weights (the bulk path)."""
+        `shared_memory`: offer this host's shared-memory domain when fetching weights (the bulk path).
+        `relay`: this actor's relay server; streamed versions are relayed to the actors the learner
+        sends to it, and this actor may be sent to another's (actors/weight_relay.py)."""
         if not actor_id:
             raise ValueError("actor_id must be non-empty")
         self.address = address
         self.actor_id = actor_id
         self._call_timeout_s = call_timeout_s
         self._on_announcement = on_announcement
-        self._token_metadata = ((AUTH_METADATA_KEY, f"Bearer {auth_token}"),) if auth_token else ()
+        self._token_metadata = ((AUTH_METADATA_KEY, bearer(auth_token)),) if auth_token else ()
         self._credential: str | None = None  # this actor's credential, from the last Register
         self._register_lock = threading.Lock()  # one registration at a time (renewals must not race)
         self._tls_ca_path = tls_ca_path
@@ -139,7 +143,9 @@ class LearnerClient:
         self._closed_reason = "client is closed"
         self.rejections: deque[tuple[str, str, str]] = deque(maxlen=100)  # (group_id, status, detail)
         self._shared_memory_domain = shared_memory_domain() if shared_memory else ""
-        self.weight_fetches = {"shared": 0, "streamed": 0, "shared_failed": 0}  # how versions arrived
+        self._relay = relay
+        # how versions arrived: from shared memory, streamed by the learner, relayed by another actor
+        self.weight_fetches = {"shared": 0, "streamed": 0, "relayed": 0, "shared_failed": 0, "relay_failed": 0}
 
     # ================================================================== registration, prompts
 
@@ -283,34 +289,44 @@ class LearnerClient:
 
     def fetch_weights(self, version: int = 0) -> StagedWeights:
         """Download and verify a weight version (0 = the latest); raises WeightTransferError on any
-        failure, in which case nothing is returned."""
+        failure, in which case nothing is returned. The bulk paths first (this host's shared memory, or
+        another actor's relay, as the learner answers); if they fail, the learner's stream once more."""
         start = time.monotonic()
         staged = None
-        if self._shared_memory_domain:
+        if self._shared_memory_domain or self._relay is not None:
+            source: list[str] = []
             try:
                 try:
-                    staged = self._fetch(version, self._shared_memory_domain)
+                    staged = self._fetch(version, bulk=True, source=source)
                 except SharedFileGone:  # superseded as we opened it: the next answer names the newer file
                     self.weight_fetches["shared_failed"] += 1
-                    staged = self._fetch(version, self._shared_memory_domain)
+                    source.clear()
+                    staged = self._fetch(version, bulk=True, source=source)
             except WeightTransferError as error:
-                self.weight_fetches["shared_failed"] += 1
-                log.warning("%s: weights from shared memory failed, streaming them instead: %s", self.actor_id, error)
+                via = source[0] if source else "streamed"
+                if via != "streamed":
+                    self.weight_fetches[f"{'shared' if via == 'shared' else 'relay'}_failed"] += 1
+                log.warning("%s: weights (%s) failed, streaming them from the learner: %s", self.actor_id, via, error)
         if staged is None:
-            staged = self._fetch(version, "")
+            staged = self._fetch(version, bulk=False, source=[])
         return dataclasses.replace(staged, transfer_s=time.monotonic() - start)
 
-    def _fetch(self, version: int, domain: str) -> StagedWeights:
-        """One FetchWeights call; a learner sharing our `domain` may answer with a shared file."""
+    def _fetch(self, version: int, bulk: bool, source: list[str]) -> StagedWeights:
+        """One FetchWeights call. With `bulk` the learner may answer with a shared file (when we share its
+        host's memory) or with another actor's relay; `source` notes which ("shared", "relayed"; nothing:
+        the learner's chunks). A streamed version is relayed by ours."""
+        domain = self._shared_memory_domain if bulk else ""
+        relay = self._relay
         call = self._stub.FetchWeights(
             pb.FetchWeightsRequest(wire_version=WIRE_VERSION, actor_id=self.actor_id, version=version,
-                                   shared_memory_domain=domain),
+                                   shared_memory_domain=domain, relay_address=relay.address if relay else "",
+                                   accept_peer=bulk and relay is not None),
             metadata=self._metadata(self._current_credential()),
             wait_for_ready=False,  # a learner that is down fails the fetch now; the old weights keep serving
         )
-        shared: list[bool] = []
         try:
-            staged = stage_weights(_noting_shared(call, shared), version, allow_shared=bool(domain))
+            staged = stage_weights(self._resolved(call, source), version, allow_shared=bool(domain),
+                                   watcher=relay.staging() if relay else None)
         except grpc.RpcError as error:
             raise WeightTransferError(
                 f"weight stream failed: {error.code().name}: {error.details()}"
@@ -318,8 +334,25 @@ class LearnerClient:
         except WeightTransferError:
             call.cancel()
             raise
-        self.weight_fetches["shared" if shared else "streamed"] += 1
+        self.weight_fetches[source[0] if source else "streamed"] += 1
         return staged
+
+    def _resolved(self, messages: Iterator[pb.WeightMessage], source: list[str]) -> Iterator[pb.WeightMessage]:
+        """The learner's stream with the blob's source noted in `source` ("shared", "relayed") and a
+        PeerWeights replaced by that relay's chunks (the learner's commit is read first, so its call ends
+        before the relay's)."""
+        for message in messages:
+            part = message.WhichOneof("part")
+            if part == "shared":
+                source.append("shared")
+            elif part == "peer":
+                source.append("relayed")
+                rest = list(messages)
+                yield from relay_chunks(message.peer, self._token_metadata, self._relay.stall_timeout_s,
+                                        self._relay.stream_timeout_s)
+                yield from rest
+                return
+            yield message
 
     def report_weights(
         self, version: int, applied: bool, detail: str = "", stall_s: float = 0.0, transfer_s: float = 0.0
@@ -525,11 +558,3 @@ class LearnerClient:
             self._cond.notify_all()
         if not ack.group_id and self._on_announcement is not None:
             self._on_announcement()
-
-
-def _noting_shared(messages: Iterator[pb.WeightMessage], shared: list[bool]) -> Iterator[pb.WeightMessage]:
-    """`messages`, appending True to `shared` when the blob came as a shared file."""
-    for message in messages:
-        if message.WhichOneof("part") == "shared":
-            shared.append(True)
-        yield message

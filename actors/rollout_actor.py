@@ -60,6 +60,7 @@ from actors.groups import PROMPT_TOO_LONG, rejected_group, scored_group
 from actors.learner_client import LearnerClient, LearnerUnavailable, LeaseReply, Prompt, WeightTransferError
 from actors.scoring import RewardScorer
 from actors.stats import ActorStats, TimeShareMeter
+from actors.weight_relay import WeightRelayServer, relay_host_towards
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +131,14 @@ class RolloutActor:
         # set when our lease budget may have grown: we loaded a version, or the learner announced one, a
         # step or slots given back on the group stream; it ends a wait for prompts
         self._ask_again = threading.Event()
+        # Versions streamed from the learner are relayed to the actors it sends here (plaintext: not for TLS).
+        self.relay = None
+        if config.weight_relay and not config.tls_ca_path:
+            host = relay_host_towards(learner_address)
+            self.relay = WeightRelayServer(config.auth_token, bind=f"{host}:0")
         self.client = LearnerClient(learner_address, actor_id, auth_token=config.auth_token,
-                                    tls_ca_path=config.tls_ca_path, on_announcement=self._ask_again.set)
+                                    tls_ca_path=config.tls_ca_path, on_announcement=self._ask_again.set,
+                                    relay=self.relay)
         self.scorer = RewardScorer(reward_handles)
         self.version = 0  # the HF dir the engine starts from is weight version 0
         self.max_prompt_tokens = min(config.max_prompt_tokens, self.engine.max_prompt_len)
@@ -223,6 +230,8 @@ class RolloutActor:
             unacked=self.client.unacked_count(),
             engine_busy_s=time.monotonic() - started if started else 0.0,
             rss_bytes=psutil.Process().memory_info().rss,
+            weight_sources=dict(self.client.weight_fetches),
+            relay_bytes_served=self.relay.bytes_served if self.relay else 0,
         )
 
     def stop(self, timeout_s: float = 60.0) -> ActorStats:
@@ -239,6 +248,8 @@ class RolloutActor:
             pass
         self.client.close()
         self._idle.wait(max(0.0, deadline - time.monotonic()))
+        if self.relay is not None:
+            self.relay.stop()
         return self.stats()
 
     def retarget(self, learner_address: str) -> None:

@@ -52,6 +52,11 @@ class ActorStats:
     stuck engine"""
     rss_bytes: int
     """resident memory of the actor's process"""
+    weight_sources: dict[str, int]
+    """how its weight versions arrived: shared (memory), streamed (from the learner), relayed (from another
+    actor), shared_failed and relay_failed (then streamed)"""
+    relay_bytes_served: int
+    """weight bytes its relay forwarded to other actors"""
 
 
 class TimeShareMeter:

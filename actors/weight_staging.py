@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import ml_dtypes
 import numpy as np
@@ -59,12 +60,37 @@ class StagedWeights:
     transfer_s: float = 0.0
 
 
+class StagingWatcher(Protocol):
+    """Sees a streamed blob land, chunk by chunk (an actor's relay forwards it before it is whole)."""
+
+    def landed(self, header: pb.WeightHeader, buffer: np.ndarray, end: int) -> None:
+        """Bytes [0, end) of the blob `header` describes are in `buffer`."""
+
+    def finished(self, ok: bool) -> None:
+        """The stream ended: verified (True) or failed (False)."""
+
+
 def stage_weights(
-    messages: Iterable[pb.WeightMessage], version: int = 0, allow_shared: bool = False
+    messages: Iterable[pb.WeightMessage], version: int = 0, allow_shared: bool = False,
+    watcher: StagingWatcher | None = None,
 ) -> StagedWeights:
     """Consume a whole weight stream; `version` (0 = any) is the one asked for; `allow_shared`: the
-    blob may come as a SharedWeights file (only when this actor offered its shared-memory domain)."""
-    stream = iter(messages)
+    blob may come as a SharedWeights file (only when this actor offered its shared-memory domain);
+    `watcher` sees the chunks land and the outcome."""
+    try:
+        staged = _stage(iter(messages), version, allow_shared, watcher)
+    except BaseException:
+        if watcher is not None:
+            watcher.finished(False)
+        raise
+    if watcher is not None:
+        watcher.finished(True)
+    return staged
+
+
+def _stage(
+    stream: Iterator[pb.WeightMessage], version: int, allow_shared: bool, watcher: StagingWatcher | None
+) -> StagedWeights:
     first = next(stream, None)
     if first is None or first.WhichOneof("part") != "header":
         raise WeightTransferError("weight stream does not start with a header")
@@ -78,7 +104,7 @@ def stage_weights(
     if not 0 <= header.total_bytes <= MAX_WEIGHT_BYTES:
         raise WeightTransferError(f"implausible total_bytes {header.total_bytes}")
     specs = _checked_specs(header)
-    buffer, checksum = _receive_blob(stream, header, digest, allow_shared)
+    buffer, checksum = _receive_blob(stream, header, digest, allow_shared, watcher)
     tensors = [
         (name, np.frombuffer(buffer, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape))
         for name, dtype, shape, offset in specs
@@ -87,7 +113,8 @@ def stage_weights(
 
 
 def _receive_blob(
-    stream: Iterator[pb.WeightMessage], header: pb.WeightHeader, digest: Digest, allow_shared: bool
+    stream: Iterator[pb.WeightMessage], header: pb.WeightHeader, digest: Digest, allow_shared: bool,
+    watcher: StagingWatcher | None,
 ) -> tuple[np.ndarray, str]:
     """The blob (chunks copied into a new buffer, or one shared file mapped) once checked against
     the commit, with its hex digest.
@@ -117,6 +144,8 @@ def _receive_blob(
                 view[:] = chunk.data
                 hasher.submit(digest.update, view)  # in order: one worker
                 received = end
+                if watcher is not None:
+                    watcher.landed(header, buffer, end)
             elif part == "shared" and allow_shared and buffer is None:
                 buffer = _map_shared(msg.shared, header)
                 hasher.submit(digest.update, memoryview(buffer))  # blake3 spreads one update over threads

@@ -86,6 +86,7 @@ SERVICE_COUNTERS = (
     "actors_superseded",
     "weight_bytes_streamed",
     "weight_bytes_shared",
+    "weight_fetches_relayed",
 )
 COUNTERS = GROUP_COUNTERS + TOKEN_COUNTERS + SERVICE_COUNTERS
 

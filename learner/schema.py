@@ -192,6 +192,10 @@ class ServerConfig(Section):
         True, description="also write each weight version once into /dev/shm; actors on the learner's host "
                           "copy it from there (one copy of egress per version however many read it) and "
                           "the rest stream it over gRPC")
+    weight_relay_fanout: int = Field(
+        2, ge=0, description="actors off the learner's host that fetch a version relay its chunks to at most this "
+                             "many others (learner/weight_relay.py), so the learner sends each version once; "
+                             "0 = every such actor streams it from the learner")
 
 
 class AdmissionSettings(BaseModel):

@@ -15,7 +15,7 @@ their actors still hold them (they were only QUEUED, never CONSUMED) and send th
 After load_state_dict() the trainer should publish its restored weights again (the restored
 version number is allowed once) so that actors can fetch them.
 
-Who may do what: every call needs the run's shared token when one is set (learner/auth.py).
+Who may do what: every call needs the run's shared token when one is set (tandem_wire/auth.py).
 Register returns the actor's own credential (learner/actor_registry.py); Heartbeat, LeasePrompts,
 StreamGroups and ReportWeights must carry it and may only act as that actor. FetchWeights and
 Status only read. Every field is checked against its documented bound at the door
@@ -57,7 +57,6 @@ from learner.actor_registry import (
     UnknownCredential,
 )
 from learner.admission import Decision, Effect, PromptFacts, Rules, Sender, decide, examine, internal_error
-from learner.auth import BearerTokenInterceptor
 from learner.call_limits import AtCapacity, CallSlots, IdleReaper
 from learner.group_queue import GroupQueue, is_stale
 from learner.group_stream import GroupStream
@@ -69,10 +68,12 @@ from learner.schema import ServiceConfig
 from learner.shared_weights import SharedWeightFiles
 from learner.stale_log import StaleLog
 from learner.tolerant_handlers import Undecodable, add_tolerant_learner_servicer
-from learner.weight_publisher import WeightPublisher, pack_weights
+from learner.weight_publisher import WeightBlob, WeightPublisher, pack_weights
+from learner.weight_relay import RelayTree
 from learner.weight_versions import UnknownWeightVersion, WeightVersions
 from learner.wire_bounds import InvalidInput, check_int, check_text
 from tandem_wire import grpc_options, pb, rpc
+from tandem_wire.auth import BearerTokenInterceptor
 from tandem_wire.limits import CREDENTIAL_METADATA_KEY, MAX_ACK_DETAIL_CHARS, MAX_ID_CHARS, MAX_LABEL_CHARS
 
 __all__ = [
@@ -147,6 +148,9 @@ class LearnerService(rpc.LearnerServicer):
         if self._shared is not None and not self._shared.domain:
             self._shared = None
         self._weights = WeightPublisher(on_drop=lambda weights: self._unshare(weights.version))
+        # Actors off this host relay each version to each other (learner/weight_relay.py).
+        fanout = cfg.server.weight_relay_fanout
+        self._relays = RelayTree(fanout) if fanout else None
         self._versions = WeightVersions()
         self._latest_version = 0
         self._step = 0
@@ -487,20 +491,34 @@ class LearnerService(rpc.LearnerServicer):
         actor_id = request_checks.caller(_decoded(request))
         version = check_int("version", request.version, 0)
         domain = check_text("shared_memory_domain", request.shared_memory_domain, MAX_LABEL_CHARS)
+        relay_address = request_checks.relay_address(request.relay_address)
         what = f"weight stream of {actor_id!r}"
         with self._weight_streams.hold(), self._reaper.watch(what, context.cancel) as progress:
             try:
                 weights = self._weights.acquire(version)
             except KeyError as error:
                 raise WeightsNotHeld(error.args[0]) from None
-            shared = self._shared is not None and domain == self._shared.domain
-            try:  # serialised once at publish time; a same-host actor gets the shared file's path
-                for message in (weights.shared_messages if shared and weights.shared_messages else weights.messages):
+            try:  # serialised once at publish time
+                for message in self._weight_messages(weights, actor_id, domain, relay_address, request.accept_peer):
                     yield message
                     self._accounting.add("weight_bytes_streamed", len(message))
                     progress.touch()
             finally:
                 self._weights.release(weights)
+
+    def _weight_messages(self, weights: WeightBlob, actor_id: str, domain: str, relay_address: str,
+                         accept_peer: bool) -> tuple[bytes, ...]:
+        """A version's stream for this actor: a same-host actor gets the shared file's path; one off this
+        host the chunks, or, when another actor already relays them, that actor's address."""
+        if self._shared is not None and domain == self._shared.domain and weights.shared_messages:
+            return weights.shared_messages
+        peer = None if self._relays is None else self._relays.source(
+            weights.version, actor_id, relay_address, accept_peer)
+        if peer is None:
+            return weights.messages
+        self._accounting.add("weight_fetches_relayed", 1)
+        location = pb.PeerWeights(version=weights.version, address=peer.address, actor_id=peer.actor_id)
+        return weights.messages[0], pb.WeightMessage(peer=location).SerializeToString(), weights.messages[-1]
 
     @served
     def ReportWeights(self, request: pb.WeightReport, context: grpc.ServicerContext) -> pb.WeightReportReply:

@@ -20,6 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from tandem_wire import WEIGHT_CHUNK_BYTES, pb
+from tandem_wire.chunks import encode_chunk
 from tandem_wire.digest import DEFAULT_DIGEST, hexdigest
 
 ALIGNMENT = 64
@@ -88,29 +89,6 @@ def pack_weights(
         location = pb.SharedWeights(version=version, path=path, total_bytes=len(blob))
         shared = (head, pb.WeightMessage(shared=location).SerializeToString(), commit)
     return WeightBlob(version, header, checksum, (head, *chunks, commit), shared)
-
-
-def encode_chunk(version: int, offset: int, data: memoryview) -> bytes:
-    """The serialised WeightMessage{chunk: WeightChunk{version, offset, data}}.
-
-    Written by hand because protobuf's Python API copies the payload three times (bytes(),
-    the field assignment, SerializeToString); this copies it once. Field numbers and wire types
-    follow tandem.proto (WeightMessage.chunk = 2, length-delimited; WeightChunk version = 1 and
-    offset = 2 varints, data = 3 length-delimited); a test checks it against protobuf's own output.
-    """
-    fields = b"".join((b"\x08", _varint(version), b"\x10", _varint(offset), b"\x1a", _varint(len(data))))
-    return b"".join((b"\x12", _varint(len(fields) + len(data)), fields, data))
-
-
-def _varint(value: int) -> bytes:
-    if value < 0:
-        raise ValueError(f"varint of a negative number {value}")
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 class WeightPublisher:

@@ -297,29 +297,45 @@ class SharedWeights(_message.Message):
     total_bytes: int
     def __init__(self, version: _Optional[int] = ..., path: _Optional[str] = ..., total_bytes: _Optional[int] = ...) -> None: ...
 
+class PeerWeights(_message.Message):
+    __slots__ = ("version", "address", "actor_id")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    address: str
+    actor_id: str
+    def __init__(self, version: _Optional[int] = ..., address: _Optional[str] = ..., actor_id: _Optional[str] = ...) -> None: ...
+
 class WeightMessage(_message.Message):
-    __slots__ = ("header", "chunk", "commit", "shared")
+    __slots__ = ("header", "chunk", "commit", "shared", "peer")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     SHARED_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
     header: WeightHeader
     chunk: WeightChunk
     commit: WeightCommit
     shared: SharedWeights
-    def __init__(self, header: _Optional[_Union[WeightHeader, _Mapping]] = ..., chunk: _Optional[_Union[WeightChunk, _Mapping]] = ..., commit: _Optional[_Union[WeightCommit, _Mapping]] = ..., shared: _Optional[_Union[SharedWeights, _Mapping]] = ...) -> None: ...
+    peer: PeerWeights
+    def __init__(self, header: _Optional[_Union[WeightHeader, _Mapping]] = ..., chunk: _Optional[_Union[WeightChunk, _Mapping]] = ..., commit: _Optional[_Union[WeightCommit, _Mapping]] = ..., shared: _Optional[_Union[SharedWeights, _Mapping]] = ..., peer: _Optional[_Union[PeerWeights, _Mapping]] = ...) -> None: ...
 
 class FetchWeightsRequest(_message.Message):
-    __slots__ = ("wire_version", "actor_id", "version", "shared_memory_domain")
+    __slots__ = ("wire_version", "actor_id", "version", "shared_memory_domain", "relay_address", "accept_peer")
     WIRE_VERSION_FIELD_NUMBER: _ClassVar[int]
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    RELAY_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_PEER_FIELD_NUMBER: _ClassVar[int]
     wire_version: WireVersion
     actor_id: str
     version: int
     shared_memory_domain: str
-    def __init__(self, wire_version: _Optional[_Union[WireVersion, str]] = ..., actor_id: _Optional[str] = ..., version: _Optional[int] = ..., shared_memory_domain: _Optional[str] = ...) -> None: ...
+    relay_address: str
+    accept_peer: bool
+    def __init__(self, wire_version: _Optional[_Union[WireVersion, str]] = ..., actor_id: _Optional[str] = ..., version: _Optional[int] = ..., shared_memory_domain: _Optional[str] = ..., relay_address: _Optional[str] = ..., accept_peer: _Optional[bool] = ...) -> None: ...
 
 class WeightReport(_message.Message):
     __slots__ = ("actor_id", "version", "applied", "detail", "stall_seconds", "transfer_seconds")
@@ -358,7 +374,7 @@ class ActorStatus(_message.Message):
     def __init__(self, actor_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., groups_in_flight: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_shares: _Optional[_Union[TimeShares, _Mapping]] = ...) -> None: ...
 
 class Accounting(_message.Message):
-    __slots__ = ("prompts_leased", "prompts_reissued", "groups_received", "groups_queued", "groups_consumed", "groups_duplicate", "groups_stale", "groups_invalid", "groups_retry", "completions_unscorable", "prompts_too_long", "groups_stale_on_arrival", "groups_stale_at_dequeue", "groups_in_queue", "groups_in_batch", "groups_forgotten_on_restart", "prompts_retired", "prompts_outstanding", "internal_errors", "lease_violations", "requests_invalid", "credentials_refused", "weight_reports_refused", "calls_refused_busy", "streams_idle_closed", "actors_superseded", "lease_slots_in_use", "tokens_received", "tokens_queued", "tokens_duplicate", "tokens_stale_on_arrival", "tokens_invalid", "tokens_retry", "tokens_trained", "tokens_no_signal", "tokens_stale_at_dequeue", "tokens_forgotten_on_restart", "tokens_in_queue", "tokens_in_batch", "weight_bytes_streamed", "weight_bytes_shared")
+    __slots__ = ("prompts_leased", "prompts_reissued", "groups_received", "groups_queued", "groups_consumed", "groups_duplicate", "groups_stale", "groups_invalid", "groups_retry", "completions_unscorable", "prompts_too_long", "groups_stale_on_arrival", "groups_stale_at_dequeue", "groups_in_queue", "groups_in_batch", "groups_forgotten_on_restart", "prompts_retired", "prompts_outstanding", "internal_errors", "lease_violations", "requests_invalid", "credentials_refused", "weight_reports_refused", "calls_refused_busy", "streams_idle_closed", "actors_superseded", "lease_slots_in_use", "tokens_received", "tokens_queued", "tokens_duplicate", "tokens_stale_on_arrival", "tokens_invalid", "tokens_retry", "tokens_trained", "tokens_no_signal", "tokens_stale_at_dequeue", "tokens_forgotten_on_restart", "tokens_in_queue", "tokens_in_batch", "weight_bytes_streamed", "weight_bytes_shared", "weight_fetches_relayed")
     PROMPTS_LEASED_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_REISSUED_FIELD_NUMBER: _ClassVar[int]
     GROUPS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
@@ -400,6 +416,7 @@ class Accounting(_message.Message):
     TOKENS_IN_BATCH_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_BYTES_STREAMED_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_BYTES_SHARED_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FETCHES_RELAYED_FIELD_NUMBER: _ClassVar[int]
     prompts_leased: int
     prompts_reissued: int
     groups_received: int
@@ -441,7 +458,8 @@ class Accounting(_message.Message):
     tokens_in_batch: int
     weight_bytes_streamed: int
     weight_bytes_shared: int
-    def __init__(self, prompts_leased: _Optional[int] = ..., prompts_reissued: _Optional[int] = ..., groups_received: _Optional[int] = ..., groups_queued: _Optional[int] = ..., groups_consumed: _Optional[int] = ..., groups_duplicate: _Optional[int] = ..., groups_stale: _Optional[int] = ..., groups_invalid: _Optional[int] = ..., groups_retry: _Optional[int] = ..., completions_unscorable: _Optional[int] = ..., prompts_too_long: _Optional[int] = ..., groups_stale_on_arrival: _Optional[int] = ..., groups_stale_at_dequeue: _Optional[int] = ..., groups_in_queue: _Optional[int] = ..., groups_in_batch: _Optional[int] = ..., groups_forgotten_on_restart: _Optional[int] = ..., prompts_retired: _Optional[int] = ..., prompts_outstanding: _Optional[int] = ..., internal_errors: _Optional[int] = ..., lease_violations: _Optional[int] = ..., requests_invalid: _Optional[int] = ..., credentials_refused: _Optional[int] = ..., weight_reports_refused: _Optional[int] = ..., calls_refused_busy: _Optional[int] = ..., streams_idle_closed: _Optional[int] = ..., actors_superseded: _Optional[int] = ..., lease_slots_in_use: _Optional[int] = ..., tokens_received: _Optional[int] = ..., tokens_queued: _Optional[int] = ..., tokens_duplicate: _Optional[int] = ..., tokens_stale_on_arrival: _Optional[int] = ..., tokens_invalid: _Optional[int] = ..., tokens_retry: _Optional[int] = ..., tokens_trained: _Optional[int] = ..., tokens_no_signal: _Optional[int] = ..., tokens_stale_at_dequeue: _Optional[int] = ..., tokens_forgotten_on_restart: _Optional[int] = ..., tokens_in_queue: _Optional[int] = ..., tokens_in_batch: _Optional[int] = ..., weight_bytes_streamed: _Optional[int] = ..., weight_bytes_shared: _Optional[int] = ...) -> None: ...
+    weight_fetches_relayed: int
+    def __init__(self, prompts_leased: _Optional[int] = ..., prompts_reissued: _Optional[int] = ..., groups_received: _Optional[int] = ..., groups_queued: _Optional[int] = ..., groups_consumed: _Optional[int] = ..., groups_duplicate: _Optional[int] = ..., groups_stale: _Optional[int] = ..., groups_invalid: _Optional[int] = ..., groups_retry: _Optional[int] = ..., completions_unscorable: _Optional[int] = ..., prompts_too_long: _Optional[int] = ..., groups_stale_on_arrival: _Optional[int] = ..., groups_stale_at_dequeue: _Optional[int] = ..., groups_in_queue: _Optional[int] = ..., groups_in_batch: _Optional[int] = ..., groups_forgotten_on_restart: _Optional[int] = ..., prompts_retired: _Optional[int] = ..., prompts_outstanding: _Optional[int] = ..., internal_errors: _Optional[int] = ..., lease_violations: _Optional[int] = ..., requests_invalid: _Optional[int] = ..., credentials_refused: _Optional[int] = ..., weight_reports_refused: _Optional[int] = ..., calls_refused_busy: _Optional[int] = ..., streams_idle_closed: _Optional[int] = ..., actors_superseded: _Optional[int] = ..., lease_slots_in_use: _Optional[int] = ..., tokens_received: _Optional[int] = ..., tokens_queued: _Optional[int] = ..., tokens_duplicate: _Optional[int] = ..., tokens_stale_on_arrival: _Optional[int] = ..., tokens_invalid: _Optional[int] = ..., tokens_retry: _Optional[int] = ..., tokens_trained: _Optional[int] = ..., tokens_no_signal: _Optional[int] = ..., tokens_stale_at_dequeue: _Optional[int] = ..., tokens_forgotten_on_restart: _Optional[int] = ..., tokens_in_queue: _Optional[int] = ..., tokens_in_batch: _Optional[int] = ..., weight_bytes_streamed: _Optional[int] = ..., weight_bytes_shared: _Optional[int] = ..., weight_fetches_relayed: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()
@@ -464,3 +482,11 @@ class StatusReply(_message.Message):
     accounting: Accounting
     mode: str
     def __init__(self, step: _Optional[int] = ..., weight_version: _Optional[int] = ..., queue_depth: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., actors: _Optional[_Iterable[_Union[ActorStatus, _Mapping]]] = ..., accounting: _Optional[_Union[Accounting, _Mapping]] = ..., mode: _Optional[str] = ...) -> None: ...
+
+class RelayRequest(_message.Message):
+    __slots__ = ("wire_version", "version")
+    WIRE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    wire_version: WireVersion
+    version: int
+    def __init__(self, wire_version: _Optional[_Union[WireVersion, str]] = ..., version: _Optional[int] = ...) -> None: ...

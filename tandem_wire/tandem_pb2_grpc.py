@@ -356,3 +356,84 @@ class Learner:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class WeightRelayStub:
+    """Served by a rollout actor (actors/weight_relay.py) to the actors the learner sends to it: the
+    chunks of the version it is fetching, in offset order, as they land. Calls carry the run's shared
+    token; nothing else is trusted (the fetching actor checks the bytes against the learner's commit).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.RelayWeights = channel.unary_stream(
+                '/tandem.v1.WeightRelay/RelayWeights',
+                request_serializer=tandem__wire_dot_tandem__pb2.RelayRequest.SerializeToString,
+                response_deserializer=tandem__wire_dot_tandem__pb2.WeightMessage.FromString,
+                _registered_method=True)
+
+
+class WeightRelayServicer:
+    """Served by a rollout actor (actors/weight_relay.py) to the actors the learner sends to it: the
+    chunks of the version it is fetching, in offset order, as they land. Calls carry the run's shared
+    token; nothing else is trusted (the fetching actor checks the bytes against the learner's commit).
+    """
+
+    def RelayWeights(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_WeightRelayServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'RelayWeights': grpc.unary_stream_rpc_method_handler(
+                    servicer.RelayWeights,
+                    request_deserializer=tandem__wire_dot_tandem__pb2.RelayRequest.FromString,
+                    response_serializer=tandem__wire_dot_tandem__pb2.WeightMessage.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'tandem.v1.WeightRelay', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('tandem.v1.WeightRelay', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class WeightRelay:
+    """Served by a rollout actor (actors/weight_relay.py) to the actors the learner sends to it: the
+    chunks of the version it is fetching, in offset order, as they land. Calls carry the run's shared
+    token; nothing else is trusted (the fetching actor checks the bytes against the learner's commit).
+    """
+
+    @staticmethod
+    def RelayWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tandem.v1.WeightRelay/RelayWeights',
+            tandem__wire_dot_tandem__pb2.RelayRequest.SerializeToString,
+            tandem__wire_dot_tandem__pb2.WeightMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -37,6 +37,11 @@ def _bit_equal(expected, staged) -> bool:
                for (_, a), (_, b) in zip(expected, staged.tensors, strict=True))
 
 
+def _fetches(**counts: int) -> dict[str, int]:
+    """A client's weight_fetches with these counts and 0 elsewhere."""
+    return {"shared": 0, "streamed": 0, "relayed": 0, "shared_failed": 0, "relay_failed": 0, **counts}
+
+
 def _own_files() -> set[str]:
     return {p.name for p in SHM_DIR.glob(f"{SHARED_PREFIX}{os.getpid()}-*")}
 
@@ -63,7 +68,7 @@ def test_same_host_actors_read_one_shared_copy_and_egress_stays_one_version():
         for client in clients:
             staged = client.fetch_weights()
             assert _bit_equal(_weights(1), staged)
-            assert client.weight_fetches == {"shared": 1, "streamed": 0, "shared_failed": 0}
+            assert client.weight_fetches == _fetches(shared=1)
             staged.tensors[0][1][:] = 0  # the mapping is copy-on-write: the next actor still reads version 1
         counts = service.accounting()
         control = counts["weight_bytes_streamed"]  # header, path and commit messages only
@@ -93,7 +98,7 @@ def test_a_damaged_shared_file_is_never_trusted_and_the_stream_is_used_instead(d
         damage(_shared_path(service, 1))
         client = connected_client(address)
         assert _bit_equal(_weights(1), client.fetch_weights())
-        assert client.weight_fetches == {"shared": 0, "streamed": 1, "shared_failed": 1 + (reason == "gone")}
+        assert client.weight_fetches == _fetches(streamed=1, shared_failed=1 + (reason == "gone"))
         assert reason in caplog.text
         client.close()
 
@@ -109,23 +114,23 @@ def test_a_version_superseded_before_its_file_is_opened_is_fetched_again_from_sh
         service.publish_weights(1, _weights(1))
         calls: list[int] = []
 
-        def superseded_first(messages, version, allow_shared=False):
+        def superseded_first(messages, version, allow_shared=False, watcher=None):
             calls.append(version)
             if len(calls) > 1:
-                return stage_weights(messages, version, allow_shared)
+                return stage_weights(messages, version, allow_shared, watcher)
             stream = iter(messages)
             head = list(itertools.islice(stream, 2))  # header, shared path of v1
             service.publish_weights(2, _weights(2))
             # the learner's stream ends, v1 loses its last reader and its file goes
             wait_until(lambda: not os.path.exists(head[1].shared.path), what="v1's file removed")
-            return stage_weights(itertools.chain(head, stream), version, allow_shared)
+            return stage_weights(itertools.chain(head, stream), version, allow_shared, watcher)
 
         monkeypatch.setattr(learner_client_module, "stage_weights", superseded_first)
         client = connected_client(address)
         streamed_before = service.accounting()["weight_bytes_streamed"]
         staged = client.fetch_weights()
         assert staged.version == 2 and _bit_equal(_weights(2), staged)
-        assert client.weight_fetches == {"shared": 1, "streamed": 0, "shared_failed": 1}
+        assert client.weight_fetches == _fetches(shared=1, shared_failed=1)
         control = service.accounting()["weight_bytes_streamed"] - streamed_before
         assert control < 4 * 1024 < _held(service, 2).header.total_bytes  # headers, paths, commits only
         client.close()
@@ -164,7 +169,7 @@ def test_a_full_shared_memory_leaves_the_version_streamed_only(monkeypatch):
         assert _held(service, 1).shared_messages is None and service.accounting()["weight_bytes_shared"] == 0
         client = connected_client(address)
         assert _bit_equal(_weights(1), client.fetch_weights())
-        assert client.weight_fetches == {"shared": 0, "streamed": 1, "shared_failed": 0}
+        assert client.weight_fetches == _fetches(streamed=1)
         client.close()
 
 
@@ -180,7 +185,7 @@ def test_without_shared_memory_or_from_another_domain_the_stream_is_used():
         client = connected_client(address)
         client._shared_memory_domain = "another-boot:1:2"  # an actor on another host (or container)
         assert _bit_equal(_weights(1), client.fetch_weights())
-        assert client.weight_fetches == {"shared": 0, "streamed": 1, "shared_failed": 0}
+        assert client.weight_fetches == _fetches(streamed=1)
         client.close()
 
 

@@ -21,8 +21,9 @@ from learner.group_queue import GroupQueue, is_stale
 from learner.group_validation import GroupRecord
 from learner.prompt_source import MAX_EARLIER_HOLDERS, LeaseInfo, Prompt, PromptSource, PromptState
 from learner.schema import ServerConfig
-from learner.weight_publisher import ALIGNMENT, WeightPublisher, encode_chunk, pack_weights
+from learner.weight_publisher import ALIGNMENT, WeightPublisher, pack_weights
 from tandem_wire import pb
+from tandem_wire.chunks import encode_chunk
 from tandem_wire.digest import DEFAULT_DIGEST, DIGESTS, UnknownDigest, hexdigest
 
 FD = _descriptor.FieldDescriptor

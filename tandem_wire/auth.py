@@ -1,4 +1,4 @@
-"""Shared-token authentication for the learner's gRPC server.
+"""Shared-token authentication for tandem's gRPC servers (the learner's, and each actor's weight relay).
 
 Every RPC must carry the metadata `authorization: Bearer <token>`; anything else is answered
 UNAUTHENTICATED before the servicer runs.
