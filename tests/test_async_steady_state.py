@@ -5,7 +5,11 @@ version first, and a re-issued lease waits for the ack of the actor's dropped co
 trained on is at most η versions behind (the per-step histogram says so), and each step's metrics
 carry the actors' time shares from their heartbeats. Before those three, 4 to 8 groups a run were
 dropped here (CI among them); without the actors' engine warm-up, a late-starting actor's first batch
-arrived 15 versions late."""
+arrived 15 versions late.
+
+The learner shares no memory with the actors here, as with actors on other hosts: each version
+reaches one actor from the learner and the other through that actor's relay (actors/weight_relay.py),
+so the learner sends each version once, and the relay keeps the steady state stale-free too."""
 
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ MAX_STALENESS = 1
 
 def test_two_async_actors_leave_no_stale_group_and_train_within_eta_versions(ray_session, tmp_path):
     run = tiny_run(tmp_path / "run", steps=STEPS, checkpoint_every=STEPS,
-                   overrides=[f"rollout.max_staleness={MAX_STALENESS}", "rollout.lease_seconds=60"])
+                   overrides=[f"rollout.max_staleness={MAX_STALENESS}", "rollout.lease_seconds=60",
+                              "server.weight_shared_memory=false"])
     loop = build_learner(run)
     address = loop.start()
     pool, fleet = start_fleet(run, address, num_actors=2)
@@ -63,5 +68,16 @@ def test_two_async_actors_leave_no_stale_group_and_train_within_eta_versions(ray
     assert len(busiest) == 2 and all(v > 0 for v in busiest.values()), busiest
     assert "actor_lease_wait_fraction" in metrics[STEPS]
     assert all(getattr(s, "tokens_aborted", 0) == 0 for s in stats.values())  # drained, never aborted
+    sources = [s.weight_sources for s in stats.values()]
+    fetched = sum(f["streamed"] + f["relayed"] for f in sources)
+    relayed = sum(f["relayed"] for f in sources)
+    assert relayed == accounting["weight_fetches_relayed"] > 0, sources
+    assert not any(f["relay_failed"] or f["shared"] for f in sources), sources
+    # a version both actors fetch leaves the learner once: its egress stays one copy per version fetched
+    versions = set().union(*(s.versions_applied for s in stats.values()))
+    version_bytes = loop.service._weights.acquire().header.total_bytes
+    assert accounting["weight_bytes_streamed"] <= 1.5 * len(versions) * version_bytes
     print(f"\nasync steady state: {STEPS} steps, 2 actors, η = {MAX_STALENESS}: stale {accounting['groups_stale']} "
-          f"{stale['causes']}, consumed {accounting['groups_consumed']}")
+          f"{stale['causes']}, consumed {accounting['groups_consumed']}; weight fetches {fetched}, relayed {relayed}, "
+          f"learner egress {accounting['weight_bytes_streamed'] / version_bytes:.1f} versions for {len(versions)} "
+          "versions applied")
