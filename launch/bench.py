@@ -25,7 +25,10 @@ Rows (tandem | baseline | ratio):
              tokens wasted (aborted by a weight load, or in stale groups)
   weights    (only with `--only weights`) versions of 16 MiB, 256 MiB and 1 GiB (`--weight-mb`) published,
              fetched, staged and verified (blake3) over shared memory (same host) and over the gRPC
-             stream (the fallback)  |  a raw loopback TCP copy of the same bytes; the learner's egress
+             stream (the fallback)  |  a raw loopback TCP copy of the same bytes; those of 256 MiB and
+             more also checked and applied in vLLM (a RolloutEngine on a random float32 qwen2 of that
+             size; fetch to end of load, best of the repeats; its parts fetch + verify, check, vLLM
+             load shared vs streamed)  |  the same raw TCP copy (`--quick` has none); the learner's egress
              per version with 1, 2 and 4 same-host actors  |  the same actors all streaming; the demo
              model's update (fetch + verify + check + vLLM reload + prefix-cache reset) as a fraction
              of one generation batch of the demo's shape, over shared memory  |  over the stream
@@ -133,7 +136,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grpo-prompt", type=int, default=24)
     parser.add_argument("--grpo-completion", type=int, default=8)
     parser.add_argument("--weight-mb", type=float, nargs="+", default=[16, 256, 1024],
-                        help="version sizes of the weights rows, MiB")
+                        help="version sizes of the weights rows, MiB (those of 256 and more are also "
+                             "applied in vLLM)")
     parser.add_argument("--only", nargs="+", choices=(*MODEL_SECTIONS, "weights", "service"),
                         help=f"run only these sections (default: {' '.join(MODEL_SECTIONS)})")
     parser.add_argument("--loop-configs", nargs="+", choices=tuple(LOOP_CONFIGS),
@@ -204,7 +208,8 @@ def service_rows(args: argparse.Namespace, sizes: dict) -> dict:
 
 
 def weights_rows(args: argparse.Namespace, sizes: dict, model_dir: Path, config) -> dict:
-    """Weight versions over shared memory and the gRPC stream vs raw TCP, egress, the demo's update."""
+    """Weight versions over shared memory and the gRPC stream vs raw TCP, fetched and (256 MiB and
+    more) applied in vLLM, egress, the demo's update."""
     import bench_weight_paths
 
     repeats, tiny = sizes["weights"]
@@ -251,6 +256,16 @@ def table(results: dict) -> list[tuple[str, float | None, float | None, str]]:
             for path in ("shared memory", "grpc stream"):
                 rows.append((f"weights: {float(mib):g} MiB fetched + verified, {path} vs raw loopback TCP",
                              fetch[f"{path}, staged + blake3"] / MIB, tcp / MIB, "MiB/s"))
+        for mib, applied in weights.get("applied", {}).items():
+            for path in ("shared memory", "grpc stream"):
+                if path in applied:
+                    rows.append((f"weights: {float(mib):g} MiB published -> applied in vLLM ({path}) "
+                                 "vs raw loopback TCP", applied[path]["bytes_per_s"] / MIB, weights["tcp"][mib] / MIB,
+                                 "MiB/s"))
+            if "grpc stream" in applied:
+                rows += [(f"weights: {float(mib):g} MiB applied, part {part}, shared vs streamed",
+                          applied["shared memory"][part], applied["grpc stream"][part], "s")
+                         for part in ("fetch_s", "check_s", "load_s")]
         egress = weights["egress"]
         for n in egress["shared"]:
             rows.append((f"weights: learner egress per version, {n} same-host actor(s), shared vs streamed",

