@@ -270,6 +270,13 @@ def table(results: dict) -> list[tuple[str, float | None, float | None, str]]:
         for n in egress["shared"]:
             rows.append((f"weights: learner egress per version, {n} same-host actor(s), shared vs streamed",
                          egress["shared"][n], egress["stream"][n], "x version"))
+        for n in egress["relay"]:
+            rows.append((f"weights: learner egress per version, {n} actor(s) on other hosts, relayed vs streamed",
+                         egress["relay"][n], egress["stream"][n], "x version"))
+        n = max(egress["relay_s"])
+        rows.append((f"weights: {weights['egress_mib']:g} MiB version held by all {n} actors on other hosts, "
+                     "relayed vs streamed",
+                     egress["relay_s"][n], egress["stream_s"][n], "s"))
         tiny = weights.get("tiny")
         if tiny:
             rows += [(f"weights: demo update ({tiny['version_bytes'] / MIB:.1f} MiB) / one generation batch, "

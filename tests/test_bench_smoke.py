@@ -59,14 +59,15 @@ def test_pieces_fill_every_row_of_the_table(model_dir):
     assert "end to end (long): RL steps/min, async vs sync" in text and "1.00x" in text
 
 
-def test_weights_section_fills_its_rows_and_shared_memory_keeps_egress_at_one_version(model_dir):
+def test_weights_section_fills_its_rows_and_shared_memory_and_relays_keep_egress_at_one_version(model_dir):
     import bench_weight_paths
 
     weights = bench_weight_paths.section([1], 1, model_dir, (2, 2, 4))
     for n, ratio in weights["egress"]["shared"].items():
         assert 1.0 <= ratio <= 1.5, (n, ratio)  # the version once in shared memory, plus control messages
+        assert 1.0 <= weights["egress"]["relay"][n] <= 1.5, n  # once to the first actor, which relays it
         assert weights["egress"]["stream"][n] >= n  # every streaming actor pulls the whole version
     rows = bench.table({"weights": weights})
-    assert len(rows) == 2 + 3 + 1 + 4
+    assert len(rows) == 2 + 3 + 3 + 1 + 1 + 4
     for name, ours, base, _ in rows:
         assert ours is not None and ours >= 0 and base is not None and base >= 0, name

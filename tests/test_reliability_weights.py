@@ -146,10 +146,10 @@ def test_a_learner_killed_in_the_middle_of_a_push_leaves_the_previous_version_in
         publish(2)
         received: list[int] = []
 
-        def kill_mid_push(messages, version, allow_shared=False):
+        def kill_mid_push(messages, version, allow_shared=False, watcher=None):
             stream = iter(messages)
             if received:  # the client's retry over the stream, after the shared path failed
-                return stage_weights(stream, version, allow_shared)
+                return stage_weights(stream, version, allow_shared, watcher)
             head = list(itertools.islice(stream, 2 if allow_shared else 4))  # header + path | 3 of 64 chunks
             received.append([m.WhichOneof("part") for m in head])
             learner.send_signal(signal.SIGKILL)
@@ -157,7 +157,7 @@ def test_a_learner_killed_in_the_middle_of_a_push_leaves_the_previous_version_in
             # what the dead learner had already sent may sit in the client's buffers, the commit too (the
             # shared stream is 3 small messages): a learner killed before its commit never sent one
             before_commit = itertools.takewhile(lambda m: m.WhichOneof("part") != "commit", stream)
-            return stage_weights(itertools.chain(head, before_commit), version, allow_shared)
+            return stage_weights(itertools.chain(head, before_commit), version, allow_shared, watcher)
 
         monkeypatch.setattr(learner_client_module, "stage_weights", kill_mid_push)
         with pytest.raises(WeightTransferError, match="weight stream failed|truncated") as error:

@@ -128,24 +128,41 @@ def fetch_rates(nbytes: int, repeats: int, kinds: tuple[str, ...] = ("sha256", "
 
 
 def egress_per_version(mib: float, actor_counts: tuple[int, ...] = (1, 2, 4)) -> dict[str, dict[int, float]]:
-    """The learner's outbound weight bytes for one version / the version's size, with N actors
-    fetching it, all on this host (shared memory) and all streaming (as actors on other hosts, from a
-    learner that shares nothing)."""
+    """The learner's outbound weight bytes for one version / the version's size, with N actors fetching
+    it at once: all on this host (shared memory); all on other hosts (a learner that shares nothing)
+    relaying it to each other; and all on other hosts streaming it from the learner (no relay). Also
+    the seconds until the last of them holds it, relayed and streamed."""
     from wire_helpers import connected_client, running_service
 
+    from actors.weight_relay import WeightRelayServer
+
     tensor = _blob_tensor(int(mib * MIB))
-    out: dict[str, dict[int, float]] = {"shared": {}, "stream": {}}
-    for shared, key in ((True, "shared"), (False, "stream")):
+    out: dict[str, dict[int, float]] = {"shared": {}, "relay": {}, "stream": {}, "relay_s": {}, "stream_s": {}}
+    for key, shared, fanout in (("shared", True, 2), ("relay", False, 2), ("stream", False, 0)):
         for n in actor_counts:
-            with running_service(weight_shared_memory=shared) as (service, address):
+            with running_service(weight_shared_memory=shared, weight_relay_fanout=fanout) as (service, address):
                 service.publish_weights(1, [("w", tensor)])
-                clients = [connected_client(address, f"actor-{i}", shared_memory=shared) for i in range(n)]
-                total = 0
-                for client in clients:
-                    total = client.fetch_weights().total_bytes
+                relays = [WeightRelayServer(None) if key == "relay" else None for _ in range(n)]
+                clients = [connected_client(address, f"actor-{i}", shared_memory=shared, relay=relay)
+                           for i, relay in enumerate(relays)]
+                staged: list = []
+                threads = [threading.Thread(target=lambda c=c, out=staged: out.append(c.fetch_weights()))
+                           for c in clients]
+                start = time.perf_counter()
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                seconds = time.perf_counter() - start
+                assert len(staged) == n, "a fetch failed"
+                for client, relay in zip(clients, relays, strict=True):
                     client.close()
+                    if relay is not None:
+                        relay.stop(0)
                 counts = service.accounting()
-                out[key][n] = (counts["weight_bytes_streamed"] + counts["weight_bytes_shared"]) / total
+                out[key][n] = (counts["weight_bytes_streamed"] + counts["weight_bytes_shared"]) / staged[0].total_bytes
+                if key != "shared":
+                    out[f"{key}_s"][n] = seconds
     return out
 
 
