@@ -135,7 +135,11 @@ class RolloutActor:
         self.relay = None
         if config.weight_relay and not config.tls_ca_path:
             host = relay_host_towards(learner_address)
-            self.relay = WeightRelayServer(config.auth_token, bind=f"{host}:0")
+            try:
+                self.relay = WeightRelayServer(config.auth_token, bind=f"{host}:0")
+            except RuntimeError as error:  # no port to serve on: fetch everything from the learner
+                log.warning("%s: no weight relay on %s (%s); streaming versions from the learner", actor_id, host,
+                            error)
         self.client = LearnerClient(learner_address, actor_id, auth_token=config.auth_token,
                                     tls_ca_path=config.tls_ca_path, on_announcement=self._ask_again.set,
                                     relay=self.relay)
