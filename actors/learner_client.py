@@ -317,6 +317,7 @@ class LearnerClient:
         the learner's chunks). A streamed version is relayed by ours."""
         domain = self._shared_memory_domain if bulk else ""
         relay = self._relay
+        watcher = relay.staging() if relay else None  # before the call: the learner may send others here at once
         call = self._stub.FetchWeights(
             pb.FetchWeightsRequest(wire_version=WIRE_VERSION, actor_id=self.actor_id, version=version,
                                    shared_memory_domain=domain, relay_address=relay.address if relay else "",
@@ -325,8 +326,7 @@ class LearnerClient:
             wait_for_ready=False,  # a learner that is down fails the fetch now; the old weights keep serving
         )
         try:
-            staged = stage_weights(self._resolved(call, source), version, allow_shared=bool(domain),
-                                   watcher=relay.staging() if relay else None)
+            staged = stage_weights(self._resolved(call, source), version, allow_shared=bool(domain), watcher=watcher)
         except grpc.RpcError as error:
             raise WeightTransferError(
                 f"weight stream failed: {error.code().name}: {error.details()}"
