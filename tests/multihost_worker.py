@@ -1,23 +1,33 @@
-"""One learner process of the multi-host RL tests: a tiny RL run whose process 0 is fed recorded
-groups over real gRPC by an actor thread (a real LearnerClient on loopback).
+"""One learner process of the multi-host RL tests: a tiny RL run whose process 0 is fed groups over real
+gRPC: recorded ones by an actor thread (a real LearnerClient on loopback), replayed ones, or those of
+real vLLM rollout actors the test starts.
 
-    python tests/multihost_worker.py RUN_DIR STEPS NUM_PROCESSES PROCESS_ID PORT [DIE_AT_STEP]
+    python tests/multihost_worker.py RUN_DIR STEPS NUM_PROCESSES PROCESS_ID PORT [--die-at K]
+                                     [--serve-port P | --replay RUN_DIR/batches.jsonl]
 
 NUM_PROCESSES=1 is the single-process reference (give it 8 simulated devices); with more, each
 process joins jax.distributed on 127.0.0.1:PORT (give each 8 / NUM_PROCESSES devices). Either way the
-mesh is fsdp=4 × tp=2 over 8 devices. The groups are "recorded": every completion's tokens,
-logprobs and reward are a function of its group id alone, so two runs that lease the same prompts
-train on the same groups. Process 0 writes, under RUN_DIR:
+mesh is fsdp=4 × tp=2 over 8 devices. The groups:
+- by default "recorded": every completion's tokens, logprobs and reward are a function of its group id
+  alone, so two runs that lease the same prompts train on the same groups;
+- with --serve-port, process 0 serves on that port and feeds nothing: real actors (the test's fleet)
+  sample the groups;
+- with --replay, an actor thread sends each step the groups another run trained on at that step
+  (its batches.jsonl), in the same order, and waits for them to be consumed before the next step's.
+Process 0 writes, under RUN_DIR:
     params/step_K.npz     every parameter after step K (gathered from all processes)
     steps.jsonl           each step's groups: [id, actor, version] (appended as it happens; survives a kill)
-    weights.json          {version: sha256} of every version the actor thread fetched over the wire
+    batches.jsonl         each step's groups whole (tokens, logprobs, rewards), in batch order
+    weights.json          {version: digest} of every version published (fetched over the wire by the
+                          actor thread, or read from the service when real actors fetch them)
     summary.json          the final accounting, versions, learner step
-With DIE_AT_STEP this process SIGKILLs itself after that step (the others must then stop on their own),
+With --die-at this process SIGKILLs itself after that step (the others must then stop on their own),
 writing the time into RUN_DIR/killed_at first.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -92,7 +102,62 @@ def feed(address: str, stop: threading.Event, checksums: dict[int, str], abort) 
         client.close()
 
 
-def main(run_dir: Path, steps: int, num_processes: int, process_id: int, port: int, die_at: int | None) -> None:
+def replay(address: str, stop: threading.Event, checksums: dict[int, str], abort, batches: Path) -> None:
+    """Send each recorded step's groups (batches.jsonl of another run) for the same prompts, in the same
+    order, once all are leased; wait until they are consumed; fetch every new weight version."""
+    from wire_helpers import CAPABILITIES
+
+    from actors.learner_client import LearnerClient
+    from tandem_wire import WIRE_VERSION, pb
+
+    recorded = [json.loads(line)["groups"] for line in batches.read_text().splitlines()]
+    client = LearnerClient(address, "replay")
+    client.register({**CAPABILITIES, "group_size": GROUP_SIZE, "max_model_len": 64}, weight_version=0)
+    leases: dict = {}
+    try:
+        for groups in recorded:
+            staged = client.fetch_weights(client.latest_version)
+            checksums[staged.version] = staged.checksum
+            client.report_weights(staged.version, applied=True)
+            while not stop.is_set() and any(g["id"] not in leases for g in groups):
+                for lease in client.lease_prompts(8).prompts:
+                    leases[lease.group_id] = lease
+            for g in groups:
+                lease = leases.pop(g["id"])
+                group = pb.ScoredGroup(wire_version=WIRE_VERSION, group_id=g["id"], actor_id="replay",
+                                       policy_version=g["version"], prompt_token_ids=lease.prompt_ids,
+                                       metadata=lease.metadata, timings=pb.Timings(sample_seconds=0.1))
+                for c in g["completions"]:
+                    group.completions.add(token_ids=c["token_ids"], logprobs=c["logprobs"], text=c["text"],
+                                          finish_reason=getattr(pb, f"FINISH_REASON_{c['finish_reason'].upper()}"),
+                                          **({"reward": c["reward"]} if c["reward"] is not None else
+                                             {"unscorable_reason": c["unscorable_reason"]}))
+                client.send_group(group, timeout=30)
+            while not stop.is_set() and any(client.is_unacked(g["id"]) for g in groups):
+                time.sleep(0.02)
+        while not stop.is_set():  # the last version
+            if client.latest_version not in checksums:
+                staged = client.fetch_weights(client.latest_version)
+                checksums[staged.version] = staged.checksum
+            stop.wait(0.05)
+    except Exception as error:
+        abort(f"replaying actor failed: {error!r}")
+        raise
+    finally:
+        client.close()
+
+
+def batch_record(groups) -> list[dict]:
+    """A step's groups whole (learner.group_validation.GroupRecord), for batches.jsonl."""
+    return [{"id": g.group_id, "version": g.policy_version,
+             "completions": [{"token_ids": c.token_ids, "logprobs": c.logprobs, "text": c.text,
+                              "finish_reason": c.finish_reason, "reward": c.reward,
+                              "unscorable_reason": c.unscorable_reason} for c in g.completions]}
+            for g in groups]
+
+
+def main(run_dir: Path, steps: int, num_processes: int, process_id: int, port: int, die_at: int | None = None,
+         serve_port: int = 0, replay_from: Path | None = None) -> None:
     import jax
     import numpy as np
     from jax.experimental import multihost_utils
@@ -126,6 +191,10 @@ def main(run_dir: Path, steps: int, num_processes: int, process_id: int, port: i
                 groups = [[g.group_id, g.actor_id, g.policy_version] for g in loop.last_groups]
                 f.write(json.dumps({"step": step, "groups": groups,
                                     "broadcast_s": metrics.get("batch_broadcast_s")}) + "\n")
+            with (run_dir / "batches.jsonl").open("a") as f:
+                f.write(json.dumps({"step": step, "groups": batch_record(loop.last_groups)}) + "\n")
+            if serve_port:
+                note_published(loop.service, checksums)
             deadline = time.monotonic() + 120  # the actor thread fetches every version over the wire
             while loop.version not in checksums and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -134,10 +203,13 @@ def main(run_dir: Path, steps: int, num_processes: int, process_id: int, port: i
             os.kill(os.getpid(), signal.SIGKILL)
 
     stop, checksums = threading.Event(), {}
-    address = loop.start("127.0.0.1:0")
+    address = loop.start(f"127.0.0.1:{serve_port}")
     actor = None
-    if is_leader():
-        actor = threading.Thread(target=feed, args=(address, stop, checksums, loop.abort), daemon=True)
+    if is_leader() and serve_port:
+        note_published(loop.service, checksums)  # real actors fetch the versions
+    elif is_leader():
+        feeder, args = (replay, (replay_from,)) if replay_from else (feed, ())
+        actor = threading.Thread(target=feeder, args=(address, stop, checksums, loop.abort, *args), daemon=True)
         actor.start()
     try:
         accounting = loop.run(on_step=on_step)
@@ -146,6 +218,7 @@ def main(run_dir: Path, steps: int, num_processes: int, process_id: int, port: i
         stop.set()
         if actor is not None:
             actor.join(timeout=30)
+        if is_leader():
             loop.service.stop(grace=0)
         loop.checkpointer.close()
     if is_leader():
@@ -154,7 +227,19 @@ def main(run_dir: Path, steps: int, num_processes: int, process_id: int, port: i
             {"accounting": accounting, "version": loop.version, "step": loop.step}))
 
 
+def note_published(service, checksums: dict[int, str]) -> None:
+    """The digest of the service's newest version (what real actors fetch)."""
+    weights = service._weights.acquire()
+    checksums[weights.version] = weights.checksum
+    service._weights.release(weights)
+
+
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    main(Path(args[0]), int(args[1]), int(args[2]), int(args[3]), int(args[4]),
-         int(args[5]) if len(args) > 5 else None)
+    parser = argparse.ArgumentParser()
+    for name in ("run_dir", "steps", "num_processes", "process_id", "port"):
+        parser.add_argument(name, type=Path if name == "run_dir" else int)
+    parser.add_argument("--die-at", type=int)
+    parser.add_argument("--serve-port", type=int, default=0)
+    parser.add_argument("--replay", type=Path)
+    a = parser.parse_args()
+    main(a.run_dir, a.steps, a.num_processes, a.process_id, a.port, a.die_at, a.serve_port, a.replay)
