@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 # A group stream ending with one of these is routine (a learner restart, an idle stream cancelled, a
 # registration the learner no longer knows): reconnect quietly.
+RENEW_ATTEMPTS = 3  # calls refused UNAUTHENTICATED and renewed before the last try
 EXPECTED_STREAM_ENDS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAUTHENTICATED)
 CLIENT_CHANNEL_OPTIONS = [  # reconnect quickly after a learner restart (gRPC's default is up to 120 s)
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -435,13 +436,16 @@ class LearnerClient:
 
     def _unary(self, method: str, request: Any, timeout: float | None = None) -> Any:
         """One unary call with this actor's credential; refused UNAUTHENTICATED (the learner does not
-        know the credential), it registers again and repeats the call once."""
-        credential = self._current_credential()
-        try:
-            return self._call(method, request, timeout, credential)
-        except grpc.RpcError as error:
-            if error.code() != grpc.StatusCode.UNAUTHENTICATED or not self._renew(credential, timeout):
-                raise
+        know the credential), it registers again (unless another thread did already) and repeats the
+        call, up to RENEW_ATTEMPTS times: after a learner restart several threads renew at once (the
+        group stream re-registers too), and each renewal revokes the credential the others just read."""
+        for _ in range(RENEW_ATTEMPTS):
+            credential = self._current_credential()
+            try:
+                return self._call(method, request, timeout, credential)
+            except grpc.RpcError as error:
+                if error.code() != grpc.StatusCode.UNAUTHENTICATED or not self._renew(credential, timeout):
+                    raise
         return self._call(method, request, timeout, self._current_credential())
 
     def _call(self, method: str, request: Any, timeout: float | None, credential: str | None) -> Any:

@@ -126,6 +126,29 @@ def test_the_client_renews_its_credential_and_keeps_its_leases():
         client.close()
 
 
+def test_a_call_whose_renewed_credential_is_revoked_at_once_by_another_renewal_still_goes_through():
+    """After a learner restart, the group stream re-registers while a lease renews: the credential the
+    lease's retry read can be revoked before it lands. The call renews and tries again."""
+    with running_service() as (service, address):
+        client = connected_client(address, "a")
+        capabilities = {"engine": "test", "model_family": "qwen2", "max_model_len": 128, "group_size": 4,
+                        "host": "localhost"}
+        call, calls = client._call, []
+
+        def racing_call(method, request, timeout, credential):
+            calls.append(method)
+            if method == "LeasePrompts" and calls.count(method) <= 2:
+                with client._register_lock:  # another thread renews between our read and our call
+                    client._register(capabilities, 0, timeout=None)
+            return call(method, request, timeout, credential)
+
+        client._call = racing_call
+        (lease,) = client.lease_prompts(1).prompts
+        assert calls.count("LeasePrompts") == 3 and lease.group_id
+        assert service.accounting()["actors_superseded"] == 0
+        client.close()
+
+
 def test_a_superseded_client_stops_instead_of_taking_its_id_back():
     with running_service() as (service, address):
         client = connected_client(address, "a")
