@@ -28,6 +28,7 @@ writing the time into RUN_DIR/killed_at first.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -35,6 +36,7 @@ import sys
 import threading
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,17 +70,28 @@ def recorded_group(lease, version: int):
     return group
 
 
-def feed(address: str, stop: threading.Event, checksums: dict[int, str], abort) -> None:
-    """Lease prompts, answer each with its recorded group, fetch every new weight version; an error
-    aborts the run (`abort(reason)`)."""
+@contextlib.contextmanager
+def actor_client(address: str, actor_id: str, abort) -> Iterator:
+    """A registered LearnerClient for an actor thread; an error in it aborts the run (`abort(reason)`)."""
     from wire_helpers import CAPABILITIES
 
     from actors.learner_client import LearnerClient
 
-    client = LearnerClient(address, "recorded")
+    client = LearnerClient(address, actor_id)
     client.register({**CAPABILITIES, "group_size": GROUP_SIZE, "max_model_len": 64}, weight_version=0)
-    served = None  # version 0 is fetched too
     try:
+        yield client
+    except Exception as error:
+        abort(f"{actor_id} actor failed: {error!r}")
+        raise
+    finally:
+        client.close()
+
+
+def feed(address: str, stop: threading.Event, checksums: dict[int, str], abort) -> None:
+    """Lease prompts, answer each with its recorded group, fetch every new weight version."""
+    served = None  # version 0 is fetched too
+    with actor_client(address, "recorded", abort) as client:
         while not stop.is_set():
             newest = client.latest_version
             if newest != served:
@@ -95,26 +108,16 @@ def feed(address: str, stop: threading.Event, checksums: dict[int, str], abort) 
                         pass
             if not leases:
                 stop.wait(0.05)
-    except Exception as error:
-        abort(f"recorded actor failed: {error!r}")
-        raise
-    finally:
-        client.close()
 
 
 def replay(address: str, stop: threading.Event, checksums: dict[int, str], abort, batches: Path) -> None:
     """Send each recorded step's groups (batches.jsonl of another run) for the same prompts, in the same
     order, once all are leased; wait until they are consumed; fetch every new weight version."""
-    from wire_helpers import CAPABILITIES
-
-    from actors.learner_client import LearnerClient
     from tandem_wire import WIRE_VERSION, pb
 
     recorded = [json.loads(line)["groups"] for line in batches.read_text().splitlines()]
-    client = LearnerClient(address, "replay")
-    client.register({**CAPABILITIES, "group_size": GROUP_SIZE, "max_model_len": 64}, weight_version=0)
     leases: dict = {}
-    try:
+    with actor_client(address, "replay", abort) as client:
         for groups in recorded:
             staged = client.fetch_weights(client.latest_version)
             checksums[staged.version] = staged.checksum
@@ -140,11 +143,6 @@ def replay(address: str, stop: threading.Event, checksums: dict[int, str], abort
                 staged = client.fetch_weights(client.latest_version)
                 checksums[staged.version] = staged.checksum
             stop.wait(0.05)
-    except Exception as error:
-        abort(f"replaying actor failed: {error!r}")
-        raise
-    finally:
-        client.close()
 
 
 def batch_record(groups) -> list[dict]:
