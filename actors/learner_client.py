@@ -305,8 +305,9 @@ class LearnerClient:
                     staged = self._fetch(version, bulk=True, source=source)
             except WeightTransferError as error:
                 via = source[0] if source else "streamed"
-                if via != "streamed":
-                    self.weight_fetches[f"{'shared' if via == 'shared' else 'relay'}_failed"] += 1
+                failed = {"shared": "shared_failed", "relayed": "relay_failed"}.get(via)
+                if failed:
+                    self.weight_fetches[failed] += 1
                 log.warning("%s: weights (%s) failed, streaming them from the learner: %s", self.actor_id, via, error)
         if staged is None:
             staged = self._fetch(version, bulk=False, source=[])
@@ -349,7 +350,7 @@ class LearnerClient:
             elif part == "peer":
                 source.append("relayed")
                 rest = list(messages)
-                yield from relay_chunks(message.peer, self._token_metadata, self._relay.stall_timeout_s,
+                yield from relay_chunks(message.peer, self._token_metadata, self._relay.reaper,
                                         self._relay.stream_timeout_s)
                 yield from rest
                 return

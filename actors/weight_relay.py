@@ -20,8 +20,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -31,6 +30,7 @@ from actors.weight_staging import WeightTransferError
 from tandem_wire import WEIGHT_CHUNK_BYTES, WIRE_VERSION, grpc_options, pb, rpc
 from tandem_wire.auth import BearerTokenInterceptor
 from tandem_wire.chunks import encode_chunk
+from tandem_wire.idle import IdleReaper
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +92,11 @@ class WeightRelayServer:
         `advertise_host` (default: the bind host) at that port."""
         self._lock = threading.Lock()
         self._blob: RelayedBlob | None = None
-        self.stream_timeout_s = stream_timeout_s  # also the bounds this actor's fetches from relays keep
+        self.stream_timeout_s = stream_timeout_s  # also the bounds this actor's fetches from relays keep:
         self.stall_timeout_s = stall_timeout_s
+        # a fetch from another actor's relay that receives nothing for stall_timeout_s is cancelled
+        self.reaper = IdleReaper(stall_timeout_s, lambda what: log.warning("cancelled, idle: %s", what))
+        self.reaper.start()
         self._chunk_bytes = chunk_bytes
         self.bytes_served = 0
         self.streams_served = 0
@@ -121,6 +124,7 @@ class WeightRelayServer:
 
     def stop(self, grace: float | None = 0.5) -> None:
         self._server.stop(grace).wait()
+        self.reaper.stop()
 
     def _relay_weights(self, request: pb.RelayRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         if request.wire_version != WIRE_VERSION or request.version < 1:
@@ -153,61 +157,28 @@ def _parse_request(data: bytes) -> pb.RelayRequest:
         return pb.RelayRequest()
 
 
-def relay_chunks(peer: pb.PeerWeights, metadata: tuple[tuple[str, str], ...], stall_timeout_s: float,
+def relay_chunks(peer: pb.PeerWeights, metadata: tuple[tuple[str, str], ...], reaper: IdleReaper,
                  timeout_s: float) -> Iterator[pb.WeightMessage]:
     """The chunks of `peer.version` from the relaying actor at `peer.address`: chunk messages only.
-    Anything else, no message for `stall_timeout_s`, more than `timeout_s` in all, or any failure
-    raises RelayFailed."""
+    Anything else, no message for `reaper`'s idle timeout (it cancels the call), more than `timeout_s`
+    in all, or any failure raises RelayFailed."""
     channel = grpc.insecure_channel(peer.address, options=grpc_options())
     call = rpc.WeightRelayStub(channel).RelayWeights(
         pb.RelayRequest(wire_version=WIRE_VERSION, version=peer.version), metadata=metadata, timeout=timeout_s)
-    watchdog = _Watchdog(stall_timeout_s, call.cancel)
     try:
-        for message in call:
-            watchdog.touch()
-            if message.WhichOneof("part") != "chunk":
-                raise RelayFailed(f"relay {peer.actor_id} sent a {message.WhichOneof('part') or 'empty'} message")
-            yield message
-    except grpc.RpcError as error:
-        why = f"sent nothing for {stall_timeout_s:g} s" if watchdog.fired else f"{error.code().name}: {error.details()}"
+        with reaper.watch(f"weight relay from {peer.actor_id} at {peer.address}", call.cancel) as progress:
+            for message in call:
+                progress.touch()
+                if message.WhichOneof("part") != "chunk":
+                    raise RelayFailed(f"relay {peer.actor_id} sent a {message.WhichOneof('part') or 'empty'} message")
+                yield message
+    except grpc.RpcError as error:  # CANCELLED: only the reaper cancels it before this point
+        why = "sent nothing (cancelled when idle)" if error.code() == grpc.StatusCode.CANCELLED else \
+            f"{error.code().name}: {error.details()}"
         raise RelayFailed(f"relay {peer.actor_id} at {peer.address}: {why}") from None
     finally:
-        watchdog.stop()
         call.cancel()
         channel.close()
-
-
-class _Watchdog:
-    """Calls `on_stall` once when `touch` is not called for `stall_s` seconds (until `stop`)."""
-
-    def __init__(self, stall_s: float, on_stall: Callable[[], object]) -> None:
-        self._cond = threading.Condition()
-        self._stall_s = stall_s
-        self._last = time.monotonic()
-        self._stopped = False
-        self.fired = False
-        self._on_stall = on_stall
-        threading.Thread(target=self._watch, name="tandem-relay-watchdog", daemon=True).start()
-
-    def touch(self) -> None:
-        with self._cond:
-            self._last = time.monotonic()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify_all()
-
-    def _watch(self) -> None:
-        with self._cond:
-            while not self._stopped:
-                left = self._last + self._stall_s - time.monotonic()
-                if left <= 0:
-                    self.fired = True
-                    break
-                self._cond.wait(left)
-        if self.fired:
-            self._on_stall()
 
 
 def relay_host_towards(learner_address: str) -> str:

@@ -4,7 +4,7 @@ dequeue) that the service offers while the actor is connected.
 
 The buffer holds at most ACK_BUFFER acks, each bounded in size (the admission table cuts what it
 echoes), so a client that never reads its acks costs a bounded amount of memory: once the buffer is
-full the reader stops reading, and the idle reaper (learner/call_limits.py) cancels the call.
+full the reader stops reading, and the idle reaper (tandem_wire/idle.py) cancels the call.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from learner.actor_registry import CredentialRefused
-from learner.call_limits import Progress
 from learner.tolerant_handlers import Undecodable
 from tandem_wire import pb
+from tandem_wire.idle import Progress
 
 log = logging.getLogger(__name__)
 

@@ -57,7 +57,7 @@ from learner.actor_registry import (
     UnknownCredential,
 )
 from learner.admission import Decision, Effect, PromptFacts, Rules, Sender, decide, examine, internal_error
-from learner.call_limits import AtCapacity, CallSlots, IdleReaper
+from learner.call_limits import AtCapacity, CallSlots
 from learner.group_queue import GroupQueue, is_stale
 from learner.group_stream import GroupStream
 from learner.group_validation import CompletionRecord, GroupLimits, GroupRecord
@@ -74,6 +74,7 @@ from learner.weight_versions import UnknownWeightVersion, WeightVersions
 from learner.wire_bounds import InvalidInput, check_int, check_text
 from tandem_wire import grpc_options, pb, rpc
 from tandem_wire.auth import BearerTokenInterceptor
+from tandem_wire.idle import IdleReaper
 from tandem_wire.limits import CREDENTIAL_METADATA_KEY, MAX_ACK_DETAIL_CHARS, MAX_ID_CHARS, MAX_LABEL_CHARS
 
 __all__ = [

@@ -19,11 +19,12 @@ from learner.actor_registry import (
     UnknownCredential,
     WrongActor,
 )
-from learner.call_limits import AtCapacity, CallSlots, IdleReaper
+from learner.call_limits import AtCapacity, CallSlots
 from learner.credentials import CredentialMinter, registration_id_of
 from learner.weight_versions import NO_VERSION, UnknownWeightVersion, WeightVersions
 from learner.wire_bounds import InvalidInput, check_metadata
 from tandem_wire import WIRE_VERSION, pb
+from tandem_wire.idle import IdleReaper
 from tandem_wire.limits import MAX_ID_CHARS, MAX_LABEL_CHARS, MAX_METADATA_ENTRIES
 
 CAPS = Capabilities("test", "qwen2", 128, 4, "localhost")

@@ -1,0 +1,70 @@
+"""Cancels long calls that made no progress (no message received or sent) for a timeout: on the
+learner, a stream that sends nothing or a reader that stopped reading is closed and its worker
+returns; on an actor, a fetch from a relay that sends nothing gives up and streams from the learner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+
+class Progress:
+    """A watched call's last sign of life; `touch()` on every message received or sent."""
+
+    __slots__ = ("at", "cancel")
+
+    def __init__(self, cancel: Callable[[], object]) -> None:
+        self.at = time.monotonic()
+        self.cancel = cancel
+
+    def touch(self) -> None:
+        self.at = time.monotonic()
+
+
+class IdleReaper:
+    """Cancels watched calls idle for more than `idle_timeout_s`; `on_cancel(what)` is told of each."""
+
+    def __init__(self, idle_timeout_s: float, on_cancel: Callable[[str], None]) -> None:
+        if idle_timeout_s <= 0:
+            raise ValueError(f"idle_timeout_s must be > 0, got {idle_timeout_s}")
+        self._timeout_s = idle_timeout_s
+        self._on_cancel = on_cancel
+        self._lock = threading.Lock()
+        self._watched: dict[Progress, str] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="tandem-idle-reaper", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    @contextlib.contextmanager
+    def watch(self, what: str, cancel: Callable[[], object]) -> Iterator[Progress]:
+        """Watch a call (described by `what`) for the duration of the block; `cancel` ends it."""
+        progress = Progress(cancel)
+        with self._lock:
+            self._watched[progress] = what
+        try:
+            yield progress
+        finally:
+            with self._lock:
+                self._watched.pop(progress, None)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(min(1.0, self._timeout_s / 4)):
+            deadline = time.monotonic() - self._timeout_s
+            with self._lock:
+                idle = [(p, what) for p, what in self._watched.items() if p.at < deadline]
+                for progress, _ in idle:
+                    del self._watched[progress]
+            for progress, what in idle:
+                progress.cancel()
+                self._on_cancel(what)
