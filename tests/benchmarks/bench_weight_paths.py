@@ -192,15 +192,11 @@ def tiny_update(model_dir: Path, prompts: int, group: int, max_tokens: int, repe
                 parts: dict[str, list[float]] = {"transfer_s": [], "check_s": [], "load_s": [], "reset_s": []}
                 for _ in range(repeats):
                     version += 1
-                    service.publish_weights(version, tensors.items())
-                    staged = client.fetch_weights()
-                    parts["transfer_s"].append(staged.transfer_s)
-                    start = time.perf_counter()
-                    checked = engine.check_weights(staged.tensors)
-                    parts["check_s"].append(time.perf_counter() - start)
-                    parts["load_s"].append(engine.load_weights(checked))  # reload + prefix-cache reset
+                    applied = _apply_version(service, client, engine, version, tensors)
+                    for part, measured in (("transfer_s", "fetch_s"), ("check_s", "check_s"), ("load_s", "load_s")):
+                        parts[part].append(applied[measured])
                     parts["reset_s"].append(timed(engine.llm.reset_prefix_cache))  # the reset alone
-                    out["version_bytes"] = staged.total_bytes
+                    out["version_bytes"] = applied["version_bytes"]
                 client.close()
                 median = {k: float(np.median(v)) for k, v in parts.items()}
                 median["update_s"] = median["transfer_s"] + median["check_s"] + median["load_s"]
