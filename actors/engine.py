@@ -19,11 +19,13 @@ import contextlib
 import itertools
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from actors.finite_scan import has_nonfinite
 
 GIB = 1 << 30
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
@@ -102,9 +104,11 @@ def checkpoint_tensor_specs(hf_dir: Path) -> dict[str, TensorSpec]:
     return specs
 
 
-def validate_weight_set(expected: dict[str, TensorSpec], tensors: dict[str, np.ndarray]) -> None:
+def validate_weight_set(expected: dict[str, TensorSpec], tensors: dict[str, np.ndarray],
+                        nonfinite: Collection[str] | None = None) -> None:
     """Raise WeightSetError unless ``tensors`` has exactly the expected names and shapes, float dtypes
-    and finite values. Every problem is listed, so one error says all that is wrong."""
+    and finite values. Every problem is listed, so one error says all that is wrong. `nonfinite`: the
+    tensors a scan already found non-finite (StagedWeights.nonfinite); None scans them here."""
     problems: list[str] = []
     missing = sorted(set(expected) - set(tensors))
     unknown = sorted(set(tensors) - set(expected))
@@ -120,7 +124,7 @@ def validate_weight_set(expected: dict[str, TensorSpec], tensors: dict[str, np.n
             problems.append(f"{name}: shape {tuple(array.shape)} != expected {spec.shape}")
         elif array.dtype.name not in FLOAT_DTYPES:
             problems.append(f"{name}: dtype {array.dtype.name} is not one of {FLOAT_DTYPES}")
-        elif not np.isfinite(array.astype(np.float32, copy=False)).all():
+        elif name in nonfinite if nonfinite is not None else has_nonfinite(array):
             problems.append(f"{name}: contains non-finite values")
     if problems:
         raise WeightSetError("rejected weight set: " + "; ".join(problems))
@@ -282,16 +286,19 @@ class RolloutEngine:
         groups = self.generate(prompts, SamplingSpec(n=1, temperature=0.0, max_tokens=max_tokens))
         return [g[0] for g in groups]
 
-    def check_weights(self, tensors: Iterable[tuple[str, np.ndarray]]) -> CheckedWeights:
+    def check_weights(self, tensors: Iterable[tuple[str, np.ndarray]],
+                      nonfinite: Collection[str] | None = None) -> CheckedWeights:
         """Validate a full HF-named weight set against the checkpoint's tensors (names, shapes, float
         dtypes, finite values); raises WeightSetError listing every problem. Touches no engine state,
-        so an actor checks a new version while it keeps sampling, before it pauses anything."""
+        so an actor checks a new version while it keeps sampling, before it pauses anything.
+        `nonfinite`: what the staging's scan found (StagedWeights.nonfinite), so values are not
+        scanned twice; None scans them here."""
         named: dict[str, np.ndarray] = {}
         for name, array in tensors:
             if name in named:
                 raise WeightSetError(f"rejected weight set: duplicate tensor {name}")
             named[name] = np.asarray(array)
-        validate_weight_set(self.expected_tensors, named)
+        validate_weight_set(self.expected_tensors, named, nonfinite)
         return CheckedWeights(named)
 
     def load_weights(self, weights: CheckedWeights | Iterable[tuple[str, np.ndarray]]) -> float:

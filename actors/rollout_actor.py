@@ -500,7 +500,7 @@ class RolloutActor:
         if staged.version == self.version:
             return
         try:
-            checked = self.engine.check_weights(staged.tensors)  # while the engine keeps sampling
+            checked = self.engine.check_weights(staged.tensors, staged.nonfinite)  # while the engine samples
         except WeightSetError as error:
             # the same bytes would fail again: wait for a newer version
             self._reject(staged.version, str(error), time.perf_counter() - start, retry_after_s=float("inf"))

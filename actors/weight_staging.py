@@ -7,11 +7,13 @@ name and never changes it, so what was verified is what vLLM reads. (Only a proc
 on the same host could still write the file; such a process can write this actor's memory as well,
 so a private copy would buy nothing against it.) Measured: the copy halved the shared path's rate.
 
-Bytes land in one buffer (or one mapping); the checksum is computed as chunks arrive. Only a stream
-that is complete, contiguous and whose digest (of the kind the header names, tandem_wire.digest;
-an unknown kind is refused) matches the commit yields tensors (zero-copy numpy
-views into the buffer); anything else raises WeightTransferError and returns nothing, so the
-caller keeps serving its previous version.
+Bytes land in one buffer (or one mapping); the checksum is computed as chunks arrive, and each
+tensor is scanned for non-finite values once it has landed (actors/finite_scan.py), both on threads
+of their own. Only a stream that is complete, contiguous and whose digest matches the commit yields
+tensors (zero-copy numpy views into the buffer); anything else raises WeightTransferError and returns
+nothing, so the caller keeps serving its previous version. A stream's digest is of the kind its header
+names, which must be cryptographic (its chunks may come from another actor, a relay); a shared file
+is verified against the digest its SharedWeights names (xxh3_128 by default, tandem_wire.digest).
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from typing import Protocol
 import ml_dtypes
 import numpy as np
 
+from actors.finite_scan import FiniteScan
 from tandem_wire import pb
 from tandem_wire.bulk import SHARED_PREFIX, SHM_DIR
-from tandem_wire.digest import Digest, UnknownDigest, new_digest
+from tandem_wire.digest import CRYPTOGRAPHIC, Digest, UnknownDigest, new_digest
 
 # The wire's dtypes (the learner's weight_publisher.WIRE_DTYPES, inverted; actors/ may not import learner/).
 NUMPY_DTYPES = {
@@ -58,6 +61,7 @@ class StagedWeights:
     checksum: str
     total_bytes: int
     transfer_s: float = 0.0
+    nonfinite: tuple[str, ...] | None = None  # tensors with a NaN or Inf, scanned while staging; None: unscanned
 
 
 class StagingWatcher(Protocol):
@@ -97,32 +101,36 @@ def _stage(
     header = first.header
     if version and header.version != version:
         raise WeightTransferError(f"asked for version {version}, stream carries {header.version}")
-    try:
-        digest = new_digest(header.checksum_algorithm)
-    except UnknownDigest as error:
-        raise WeightTransferError(str(error)) from None
+    if header.checksum_algorithm not in CRYPTOGRAPHIC:
+        raise WeightTransferError(f"stream digest {header.checksum_algorithm!r} is not one of {sorted(CRYPTOGRAPHIC)}: "
+                                  "its chunks may come from another actor")
+    digest = new_digest(header.checksum_algorithm)
     if not 0 <= header.total_bytes <= MAX_WEIGHT_BYTES:
         raise WeightTransferError(f"implausible total_bytes {header.total_bytes}")
     specs = _checked_specs(header)
-    buffer, checksum = _receive_blob(stream, header, digest, allow_shared, watcher)
+    with FiniteScan(specs) as scan:
+        buffer, checksum = _receive_blob(stream, header, digest, allow_shared, watcher, scan)
+        nonfinite = scan.nonfinite()
     tensors = [
         (name, np.frombuffer(buffer, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape))
         for name, dtype, shape, offset in specs
     ]
-    return StagedWeights(header.version, tensors, checksum, header.total_bytes)
+    return StagedWeights(header.version, tensors, checksum, header.total_bytes, nonfinite=nonfinite)
 
 
 def _receive_blob(
     stream: Iterator[pb.WeightMessage], header: pb.WeightHeader, digest: Digest, allow_shared: bool,
-    watcher: StagingWatcher | None,
+    watcher: StagingWatcher | None, scan: FiniteScan,
 ) -> tuple[np.ndarray, str]:
     """The blob (chunks copied into a new buffer, or one shared file mapped) once checked against
-    the commit, with its hex digest.
+    the commit (a shared file: against its own digest), with the commit's hex digest; `scan` sees
+    the bytes land.
 
     The digest runs on a helper thread (hashlib and blake3 release the GIL), overlapping with
     receiving: measured 430 -> 600 MiB/s on loopback for a 256 MiB version with sha256."""
     buffer: np.ndarray | None = None
     received = 0
+    shared: pb.SharedWeights | None = None
     with ThreadPoolExecutor(1, thread_name_prefix="tandem-digest") as hasher:
         for msg in stream:
             part = msg.WhichOneof("part")
@@ -144,15 +152,28 @@ def _receive_blob(
                 view[:] = chunk.data
                 hasher.submit(digest.update, view)  # in order: one worker
                 received = end
+                scan.landed(buffer, end)
                 if watcher is not None:
                     watcher.landed(header, buffer, end)
             elif part == "shared" and allow_shared and buffer is None:
-                buffer = _map_shared(msg.shared, header)
-                hasher.submit(digest.update, memoryview(buffer))  # blake3 spreads one update over threads
+                shared = msg.shared
+                buffer = _map_shared(shared, header)
+                if shared.checksum_algorithm:
+                    try:
+                        digest = new_digest(shared.checksum_algorithm)
+                    except UnknownDigest as error:
+                        raise WeightTransferError(f"shared weights: {error}") from None
+                hasher.submit(digest.update, memoryview(buffer))  # xxh3 on one core, blake3 on all
                 received = header.total_bytes
+                scan.landed(buffer, received)  # the scan takes the other core meanwhile
             elif part == "commit":
                 hasher.shutdown(wait=True)
                 checksum = digest.hexdigest()
+                if shared is not None and shared.checksum_algorithm:
+                    if checksum != shared.checksum:
+                        raise WeightTransferError(f"shared weights: {shared.checksum_algorithm} mismatch: "
+                                                  f"computed {checksum}, the learner says {shared.checksum}")
+                    checksum = msg.commit.checksum  # the same bytes: the commit's digest is theirs too
                 _check_commit(msg.commit, header, received, checksum)
                 if next(stream, None) is not None:
                     raise WeightTransferError("messages after the commit")

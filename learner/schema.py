@@ -192,6 +192,11 @@ class ServerConfig(Section):
         True, description="also write each weight version once into /dev/shm; actors on the learner's host "
                           "copy it from there (one copy of egress per version however many read it) and "
                           "the rest stream it over gRPC")
+    shared_weight_digest: Literal["xxh3_128", "blake3", "sha256"] = Field(
+        "xxh3_128", description="digest a same-host actor verifies the shared-memory file with: xxh3_128 "
+                                "(one core at memory speed) guards against a damaged file, and a forged one "
+                                "would need a process that can write the actor's memory anyway; blake3 or "
+                                "sha256 for operators who want a cryptographic hash on every path")
     weight_relay_fanout: int = Field(
         2, ge=0, description="actors off the learner's host that fetch a version relay its chunks to at most this "
                              "many others (learner/weight_relay.py), so the learner sends each version once; "

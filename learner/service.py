@@ -292,7 +292,8 @@ class LearnerService(rpc.LearnerServicer):
         with self._cond:
             self._check_publishable(version)
         weights = pack_weights(version, tensors, self.config.weight_chunk_bytes, self.config.server.weight_digest,
-                               share=self._share if self._shared is not None else None)
+                               share=self._share if self._shared is not None else None,
+                               shared_digest=self.config.server.shared_weight_digest)
         with self._cond:
             try:
                 self._check_publishable(version)

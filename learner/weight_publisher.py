@@ -6,7 +6,8 @@ kind, tandem_wire.digest, named in the header: blake3 unless the server's config
 The whole FetchWeights stream of a version (header, chunks, commit) is serialised once, at
 publish time, so serving it to each actor copies nothing in Python; the blob itself is not kept in
 the process. With a `share` writer (learner/shared_weights.py) the blob is also written once into
-shared memory, and a second, tiny stream (header, SharedWeights, commit) serves same-host actors.
+shared memory, and a second, tiny stream (header, SharedWeights, commit) serves same-host actors;
+the SharedWeights carries the file's own digest (xxh3_128 by default: tandem_wire.digest says why).
 The newest version is kept, and an older one only while a stream still reads it.
 """
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from tandem_wire import WEIGHT_CHUNK_BYTES, pb
 from tandem_wire.chunks import encode_chunk
-from tandem_wire.digest import DEFAULT_DIGEST, hexdigest
+from tandem_wire.digest import DEFAULT_DIGEST, DEFAULT_SHARED_DIGEST, hexdigest
 
 ALIGNMENT = 64
 WIRE_DTYPES = {
@@ -43,11 +44,13 @@ class WeightBlob:
 def pack_weights(
     version: int, tensors: Iterable[tuple[str, np.ndarray]], chunk_bytes: int = WEIGHT_CHUNK_BYTES,
     digest: str = DEFAULT_DIGEST, share: Callable[[int, memoryview], str] | None = None,
+    shared_digest: str = DEFAULT_SHARED_DIGEST,
 ) -> WeightBlob:
     """Serialise named tensors (float32, bfloat16 or float16) into one aligned blob with its `digest`
     (a tandem_wire.digest kind), cut into the serialised messages of its stream; `share(version, blob)`,
     when given, writes the blob into shared memory and returns the path same-host actors read ("" when
-    it could not: the version is then streamed only)."""
+    it could not: the version is then streamed only); the shared file is named with its own
+    `shared_digest`."""
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
     arrays: list[tuple[str, np.ndarray]] = []
@@ -86,7 +89,9 @@ def pack_weights(
     shared = None
     path = share(version, view) if share is not None else ""
     if path:
-        location = pb.SharedWeights(version=version, path=path, total_bytes=len(blob))
+        file_checksum = checksum if shared_digest == digest else hexdigest(shared_digest, blob)
+        location = pb.SharedWeights(version=version, path=path, total_bytes=len(blob),
+                                    checksum_algorithm=shared_digest, checksum=file_checksum)
         shared = (head, pb.WeightMessage(shared=location).SerializeToString(), commit)
     return WeightBlob(version, header, checksum, (head, *chunks, commit), shared)
 

@@ -288,14 +288,18 @@ class WeightCommit(_message.Message):
     def __init__(self, version: _Optional[int] = ..., checksum: _Optional[str] = ..., total_bytes: _Optional[int] = ...) -> None: ...
 
 class SharedWeights(_message.Message):
-    __slots__ = ("version", "path", "total_bytes")
+    __slots__ = ("version", "path", "total_bytes", "checksum_algorithm", "checksum")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     version: int
     path: str
     total_bytes: int
-    def __init__(self, version: _Optional[int] = ..., path: _Optional[str] = ..., total_bytes: _Optional[int] = ...) -> None: ...
+    checksum_algorithm: str
+    checksum: str
+    def __init__(self, version: _Optional[int] = ..., path: _Optional[str] = ..., total_bytes: _Optional[int] = ..., checksum_algorithm: _Optional[str] = ..., checksum: _Optional[str] = ...) -> None: ...
 
 class PeerWeights(_message.Message):
     __slots__ = ("version", "address", "actor_id")

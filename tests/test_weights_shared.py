@@ -21,6 +21,7 @@ from actors.weight_staging import WeightTransferError, stage_weights
 from learner.shared_weights import STALE_NAME, SharedWeightFiles, remove_stale_files
 from tandem_wire import WIRE_VERSION, pb, rpc
 from tandem_wire.bulk import SHARED_PREFIX, SHM_DIR
+from tandem_wire.digest import hexdigest
 from tandem_wire.limits import MAX_LABEL_CHARS
 
 
@@ -88,7 +89,7 @@ def test_same_host_actors_read_one_shared_copy_and_egress_stays_one_version():
 
 
 @pytest.mark.parametrize("damage, reason", [
-    (lambda path: _flip_byte(path), "blake3 mismatch"),
+    (lambda path: _flip_byte(path), "xxh3_128 mismatch"),
     (lambda path: os.truncate(path, 100), "not a file of"),
     (lambda path: os.unlink(path), "gone"),  # asked twice (it may have been superseded), then streamed
 ])
@@ -215,3 +216,32 @@ def test_an_oversized_shared_memory_domain_is_refused():
         assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "shared_memory_domain" in error.value.details()
         assert service.accounting()["requests_invalid"] == 1
+
+
+@pytest.mark.parametrize("kind", ["xxh3_128", "blake3"])
+def test_a_shared_file_is_verified_with_the_digest_its_message_names(kind):
+    """The learner names the shared file's own digest (xxh3_128 by default, server.shared_weight_digest);
+    the actor verifies the file with it and reports the commit's digest of the same bytes."""
+    with running_service(shared_weight_digest=kind) as (service, address):
+        weights = _weights(1)
+        weights[0][1][3, 5] = np.nan  # found by the scan that runs beside the digest
+        service.publish_weights(1, weights)
+        held = _held(service, 1)
+        shared = pb.WeightMessage.FromString(held.shared_messages[1]).shared
+        with open(shared.path, "rb") as f:
+            assert (shared.checksum_algorithm, shared.checksum) == (kind, hexdigest(kind, f.read()))
+        client = connected_client(address)
+        staged = client.fetch_weights()
+        assert client.weight_fetches == _fetches(shared=1) and _bit_equal(weights, staged)
+        assert staged.checksum == held.checksum and held.header.checksum_algorithm == "blake3"
+        assert staged.nonfinite == ("model.embed_tokens.weight",)
+        client.close()
+
+
+def test_a_shared_file_naming_an_unknown_digest_is_refused():
+    with running_service() as (service, _):
+        service.publish_weights(1, _weights(1))
+        messages = [pb.WeightMessage.FromString(m) for m in _held(service, 1).shared_messages]
+        messages[1].shared.checksum_algorithm = "crc32"
+        with pytest.raises(WeightTransferError, match="shared weights: unsupported checksum algorithm 'crc32'"):
+            stage_weights(messages, allow_shared=True)

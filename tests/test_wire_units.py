@@ -24,7 +24,7 @@ from learner.schema import ServerConfig
 from learner.weight_publisher import ALIGNMENT, WeightPublisher, pack_weights
 from tandem_wire import pb
 from tandem_wire.chunks import encode_chunk
-from tandem_wire.digest import DEFAULT_DIGEST, DIGESTS, UnknownDigest, hexdigest
+from tandem_wire.digest import CRYPTOGRAPHIC, DEFAULT_DIGEST, DEFAULT_SHARED_DIGEST, DIGESTS, UnknownDigest, hexdigest
 
 FD = _descriptor.FieldDescriptor
 MESSAGE_TYPES = sorted(pb.DESCRIPTOR.message_types_by_name)
@@ -188,7 +188,8 @@ def _tampered(mutate) -> list[pb.WeightMessage]:
         (lambda m: m[0].header.tensors[1].__setattr__("offset", 10**9), "bad offset"),
         (lambda m: m[0].header.tensors[1].__setattr__("dtype", 99), "unknown dtype"),
         (lambda m: m[0].header.__setattr__("total_bytes", 2**50), "implausible"),
-        (lambda m: m[0].header.__setattr__("checksum_algorithm", "md5"), "unsupported checksum algorithm 'md5'"),
+        (lambda m: m[0].header.__setattr__("checksum_algorithm", "md5"), "'md5' is not one of"),
+        (lambda m: m[0].header.__setattr__("checksum_algorithm", "xxh3_128"), "may come from another actor"),
         (lambda m: m[0].header.__setattr__("checksum_algorithm", "sha256"), "sha256 mismatch"),
         (lambda m: m.insert(3, pb.WeightMessage(header=m[0].header)), "unexpected header"),
     ],
@@ -198,7 +199,7 @@ def test_staging_rejects_every_broken_stream(mutate, error):
         stage_weights(_tampered(mutate))
 
 
-@pytest.mark.parametrize("kind", sorted(DIGESTS))
+@pytest.mark.parametrize("kind", sorted(CRYPTOGRAPHIC))
 def test_the_digest_the_learner_chose_is_on_the_wire_and_verified_with(kind):
     blob = pack_weights(5, _tensors(), chunk_bytes=64, digest=kind)
     messages = [pb.WeightMessage.FromString(m) for m in blob.messages]
@@ -210,8 +211,11 @@ def test_the_digest_the_learner_chose_is_on_the_wire_and_verified_with(kind):
 
 
 def test_the_config_offers_exactly_the_digests_both_ends_implement():
-    assert set(typing.get_args(ServerConfig.model_fields["weight_digest"].annotation)) == set(DIGESTS)
+    """Streams (which a relay may carry) only cryptographic kinds; shared files any kind."""
+    assert set(typing.get_args(ServerConfig.model_fields["weight_digest"].annotation)) == CRYPTOGRAPHIC
+    assert set(typing.get_args(ServerConfig.model_fields["shared_weight_digest"].annotation)) == set(DIGESTS)
     assert ServerConfig().weight_digest == DEFAULT_DIGEST
+    assert ServerConfig().shared_weight_digest == DEFAULT_SHARED_DIGEST not in CRYPTOGRAPHIC
 
 
 def test_staging_rejects_a_version_other_than_the_one_asked_for():

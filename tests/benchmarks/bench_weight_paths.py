@@ -243,7 +243,7 @@ def _apply_version(service, client, engine, version: int, tensors: dict[str, np.
     start = time.perf_counter()
     staged = client.fetch_weights()
     fetched = time.perf_counter()
-    checked = engine.check_weights(staged.tensors)
+    checked = engine.check_weights(staged.tensors, staged.nonfinite)
     checked_at = time.perf_counter()
     engine.load_weights(checked)  # reload + prefix-cache reset
     end = time.perf_counter()
