@@ -89,6 +89,7 @@ sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
 from launch.config import load_config  # noqa: E402
 from models.tiny import make_tiny_model  # noqa: E402
 from models.tokenizer import DEFAULT_ALPHABET, SPECIAL_TOKENS  # noqa: E402
+from tandem_wire.digest import DEFAULT_DIGEST, DEFAULT_SHARED_DIGEST  # noqa: E402
 
 # The benchmark scripts (tests/benchmarks/bench_*.py) are imported in the section that uses them:
 # each pulls in its own heavy stack (vLLM and torch, JAX, a Ray cluster), and `--only` runs one.
@@ -253,9 +254,9 @@ def table(results: dict) -> list[tuple[str, float | None, float | None, str]]:
     if weights:
         for mib, tcp in weights["tcp"].items():
             fetch = weights["fetch"][mib]
-            for path in ("shared memory", "grpc stream"):
-                rows.append((f"weights: {float(mib):g} MiB fetched + verified, {path} vs raw loopback TCP",
-                             fetch[f"{path}, staged + blake3"] / MIB, tcp / MIB, "MiB/s"))
+            for path, kind in (("shared memory", DEFAULT_SHARED_DIGEST), ("grpc stream", DEFAULT_DIGEST)):
+                rows.append((f"weights: {float(mib):g} MiB fetched + verified ({kind}), {path} vs raw loopback TCP",
+                             fetch[f"{path}, staged + {kind}"] / MIB, tcp / MIB, "MiB/s"))
         for mib, applied in weights.get("applied", {}).items():
             for path in ("shared memory", "grpc stream"):
                 if path in applied:

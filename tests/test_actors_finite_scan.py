@@ -78,3 +78,18 @@ def test_the_verdict_waits_for_every_tensor_to_land():
         buffer[64:80] = np.full(4, np.nan, dtype=np.float32).view(np.uint8)
         scan.landed(buffer, 80)
         assert scan.nonfinite() == ("y",)
+
+
+def test_tensors_of_one_dtype_are_cleared_together_and_padding_is_no_tensors():
+    """Consecutive tensors of one dtype are scanned as one span, padding included: NaN bits in the
+    padding alone clear every tensor after a closer look, and a NaN inside names only its tensor."""
+    specs = [(name, np.dtype(np.float32), (4,), offset) for name, offset in (("x", 0), ("y", 64), ("z", 128))]
+    buffer = np.zeros(144, dtype=np.uint8)
+    buffer[16:64] = 0xFF  # NaN bit patterns between x and y
+    with FiniteScan(specs) as scan:
+        scan.landed(buffer, 144)
+        assert scan.nonfinite() == ()
+    buffer[64 + 8 : 64 + 12] = np.array([np.inf], dtype=np.float32).view(np.uint8)
+    with FiniteScan(specs) as scan:
+        scan.landed(buffer, 144)
+        assert scan.nonfinite() == ("y",)

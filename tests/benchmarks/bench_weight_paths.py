@@ -4,7 +4,7 @@
 streams), the gRPC chunk stream through the real learner service and client (staged and verified,
 with sha256 and with blake3), the gRPC transport alone (messages received and dropped), the
 shared-memory path through the same service and client (the learner writes /dev/shm once; the actor
-copies the file into its own buffer and verifies the copy), and Ray's object store (`ray.put` once
+maps the file and verifies it in place, with xxh3_128 and with blake3), and Ray's object store (`ray.put` once
 in the driver, `ray.get` plus verify in another process of the same node; `--ray`). Then where the
 time goes: the digests alone (sha256, blake3 on every core, xxh3_128 when installed) and a plain
 memory copy, each over the same bytes.
@@ -41,6 +41,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from bench_weights import tcp_loopback_bytes_per_s  # noqa: E402
+
+from tandem_wire.digest import DEFAULT_DIGEST, DEFAULT_SHARED_DIGEST  # noqa: E402
 
 MIB = 2**20
 
@@ -96,25 +98,27 @@ def _blob_tensor(nbytes: int) -> np.ndarray:
 
 
 def fetch_rates(nbytes: int, repeats: int, kinds: tuple[str, ...] = ("sha256", "blake3"),
-                transport: bool = True) -> dict[str, float]:
-    """Published -> fetched -> staged -> verified through the real service and client: over shared
-    memory and over the gRPC chunk stream per digest kind, and the gRPC transport alone."""
+                shared_kinds: tuple[str, ...] = ("xxh3_128", "blake3"), transport: bool = True) -> dict[str, float]:
+    """Published -> fetched -> staged -> verified (and scanned) through the real service and client:
+    over the gRPC chunk stream per stream digest (`kinds`), over shared memory per shared-file digest
+    (`shared_kinds`), and the gRPC transport alone."""
     from wire_helpers import connected_client, running_service
 
     from tandem_wire import WIRE_VERSION, pb
 
     tensor = _blob_tensor(nbytes)
     rates = {}
-    for kind in kinds:
-        with running_service(weight_digest=kind) as (service, address):
+    runs = [("grpc stream", {"weight_digest": kind}, kind) for kind in kinds]
+    runs += [("shared memory", {"shared_weight_digest": kind}, kind) for kind in shared_kinds]
+    for path, config, kind in runs:
+        with running_service(**config) as (service, address):
             service.publish_weights(1, [("w", tensor)])
-            for shared in (True, False):
-                path = "shared memory" if shared else "grpc stream"
-                client = connected_client(address, path.replace(" ", "-"), shared_memory=shared)
-                rates[f"{path}, staged + {kind}"] = best_rate(nbytes, repeats, lambda c=client: timed(c.fetch_weights))
-                assert client.weight_fetches["shared" if shared else "streamed"] == repeats, client.weight_fetches
-                client.close()
-            if transport and kind == kinds[-1]:
+            shared = path == "shared memory"
+            client = connected_client(address, path.replace(" ", "-"), shared_memory=shared)
+            rates[f"{path}, staged + {kind}"] = best_rate(nbytes, repeats, lambda c=client: timed(c.fetch_weights))
+            assert client.weight_fetches["shared" if shared else "streamed"] == repeats, client.weight_fetches
+            client.close()
+            if transport and (path, kind) == ("grpc stream", kinds[-1]):
                 client = connected_client(address, "transport", shared_memory=False)
                 request = pb.FetchWeightsRequest(wire_version=WIRE_VERSION, actor_id=client.actor_id)
 
@@ -335,7 +339,8 @@ def section(sizes_mib: list[float], repeats: int, model_dir: Path | None, tiny: 
     for mib in sizes_mib:
         nbytes = int(mib * MIB)
         out["tcp"][mib] = tcp_loopback_bytes_per_s(nbytes, repeats)
-        out["fetch"][mib] = fetch_rates(nbytes, repeats, kinds=("blake3",), transport=False)
+        out["fetch"][mib] = fetch_rates(nbytes, repeats, kinds=(DEFAULT_DIGEST,), shared_kinds=(DEFAULT_SHARED_DIGEST,),
+                                        transport=False)
     out["egress_mib"] = min(sizes_mib)
     out["egress"] = egress_per_version(min(sizes_mib))
     large = [mib for mib in sizes_mib if mib >= APPLIED_MIN_MIB]
