@@ -24,8 +24,9 @@ Rows (tandem | baseline | ratio):
              prompts or budget, weight-load stall / wall) in both modes; the fraction of sampled
              tokens wasted (aborted by a weight load, or in stale groups)
   weights    (only with `--only weights`) versions of 16 MiB, 256 MiB and 1 GiB (`--weight-mb`) published,
-             fetched, staged and verified (blake3) over shared memory (same host) and over the gRPC
-             stream (the fallback)  |  a raw loopback TCP copy of the same bytes; those of 256 MiB and
+             fetched, staged, verified and scanned for NaN/Inf over shared memory (same host; xxh3_128)
+             and over the gRPC stream (the fallback; blake3)  |  a raw loopback TCP copy of the same
+             bytes; those of 256 MiB and
              more also checked and applied in vLLM (a RolloutEngine on a random float32 qwen2 of that
              size; fetch to end of load, best of the repeats; its parts fetch + verify, check, vLLM
              load shared vs streamed)  |  the same raw TCP copy (`--quick` has none); the learner's egress
