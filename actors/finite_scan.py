@@ -23,12 +23,12 @@ def has_nonfinite(array: np.ndarray) -> bool:
     """True if the float array holds a NaN or an Inf. Slice by slice (no mask the size of the
     tensor); bfloat16 by its exponent bits, since numpy has no bfloat16 loop of its own."""
     flat = array.reshape(-1)
-    if flat.size <= SCAN_VALUES and flat.dtype.name != "bfloat16":  # most tensors: one call, no slicing
-        return not np.isfinite(flat).all()
     if flat.dtype.name == "bfloat16":
         bits = flat.view(np.uint16)
         return any(((bits[i : i + SCAN_VALUES] & BFLOAT16_EXPONENT) == BFLOAT16_EXPONENT).any()
                    for i in range(0, bits.size, SCAN_VALUES))
+    if flat.size <= SCAN_VALUES:  # most tensors: one call, no slicing
+        return not np.isfinite(flat).all()
     return any(not np.isfinite(flat[i : i + SCAN_VALUES]).all() for i in range(0, flat.size, SCAN_VALUES))
 
 
