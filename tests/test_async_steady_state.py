@@ -56,8 +56,10 @@ def test_two_async_actors_leave_no_stale_group_and_train_within_eta_versions(ray
         histogram = {int(k.split("/")[1]): v for k, v in values.items() if k.startswith("staleness_groups/")}
         assert sum(histogram.values()) == values["num_groups"], (step, histogram)
         assert max(k for k, v in histogram.items() if v) <= MAX_STALENESS, (step, histogram)
-    # the actors' time shares reach the step metrics (heartbeats every 0.5 s): each actor is seen
-    # sampling at some step, and every share is a fraction
+    # the actors' time shares reach the step metrics (heartbeats every 0.5 s): both actors report, every
+    # share is a fraction, and one is seen sampling. (Each step samples the last heartbeat of each
+    # actor, so an actor whose sampling fell between those samples shows 0 at every step: a suite saw it
+    # when the 30 steps took 16 s. That both sampled is what their own counters say.)
     busiest: dict[str, float] = {}
     for values in metrics.values():
         for key, value in values.items():
@@ -65,7 +67,8 @@ def test_two_async_actors_leave_no_stale_group_and_train_within_eta_versions(ray
                 assert 0 <= value <= 1, (key, value)
             if key.startswith("actor_busy_fraction/"):
                 busiest[key] = max(busiest.get(key, 0.0), value)
-    assert len(busiest) == 2 and all(v > 0 for v in busiest.values()), busiest
+    assert len(busiest) == 2 and max(busiest.values()) > 0, busiest
+    assert all(s.generate_seconds > 0 and s.groups_sent > 0 for s in stats.values()), stats
     assert "actor_lease_wait_fraction" in metrics[STEPS]
     assert all(getattr(s, "tokens_aborted", 0) == 0 for s in stats.values())  # drained, never aborted
     sources = [s.weight_sources for s in stats.values()]
