@@ -119,9 +119,7 @@ def replay(address: str, stop: threading.Event, checksums: dict[int, str], abort
     leases: dict = {}
     with actor_client(address, "replay", abort) as client:
         for groups in recorded:
-            staged = client.fetch_weights(client.latest_version)
-            checksums[staged.version] = staged.checksum
-            client.report_weights(staged.version, applied=True)
+            fetch_newest(client, checksums)
             while not stop.is_set() and any(g["id"] not in leases for g in groups):
                 for lease in client.lease_prompts(8).prompts:
                     leases[lease.group_id] = lease
@@ -137,12 +135,22 @@ def replay(address: str, stop: threading.Event, checksums: dict[int, str], abort
                                              {"unscorable_reason": c["unscorable_reason"]}))
                 client.send_group(group, timeout=30)
             while not stop.is_set() and any(client.is_unacked(g["id"]) for g in groups):
+                fetch_newest(client, checksums)
                 time.sleep(0.02)
         while not stop.is_set():  # the last version
-            if client.latest_version not in checksums:
-                staged = client.fetch_weights(client.latest_version)
-                checksums[staged.version] = staged.checksum
+            fetch_newest(client, checksums)
             stop.wait(0.05)
+
+
+def fetch_newest(client, checksums: dict[int, str]) -> None:
+    """Fetch the learner's newest version over the wire (and report it applied) unless held already.
+    Called while waiting too: the learner's step waits until its version is fetched, and a step's
+    CONSUMED acks arrive before that version is published."""
+    newest = client.latest_version
+    if newest not in checksums:
+        staged = client.fetch_weights(newest)
+        checksums[staged.version] = staged.checksum
+        client.report_weights(staged.version, applied=True)
 
 
 def batch_record(groups) -> list[dict]:
