@@ -264,6 +264,11 @@ def table(results: dict) -> list[tuple[str, float | None, float | None, str]]:
                     rows.append((f"weights: {float(mib):g} MiB published -> applied in vLLM ({path}) "
                                  "vs raw loopback TCP", applied[path]["bytes_per_s"] / MIB, weights["tcp"][mib] / MIB,
                                  "MiB/s"))
+            shared = applied.get("shared memory")
+            if shared:  # the part vLLM owns, alone: it bounds the row above (1/applied = 1/fetch + 1/load)
+                rows.append((f"weights: {float(mib):g} MiB vLLM load alone (reload + prefix-cache reset) "
+                             "vs raw loopback TCP", shared["version_bytes"] / shared["load_s"] / MIB,
+                             weights["tcp"][mib] / MIB, "MiB/s"))
             if "grpc stream" in applied:
                 rows += [(f"weights: {float(mib):g} MiB applied, part {part}, shared vs streamed",
                           applied["shared memory"][part], applied["grpc stream"][part], "s")

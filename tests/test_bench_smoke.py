@@ -71,3 +71,19 @@ def test_weights_section_fills_its_rows_and_shared_memory_and_relays_keep_egress
     assert len(rows) == 2 + 3 + 3 + 1 + 1 + 4
     for name, ours, base, _ in rows:
         assert ours is not None and ours >= 0 and base is not None and base >= 0, name
+
+
+def test_applied_rows_put_vllms_load_alone_beside_the_whole_update():
+    """The applied-in-vLLM rows (versions of 256 MiB and more, too slow for this smoke test) are read
+    from the section's parts: the whole update over TCP, and the load alone, which bounds it."""
+    mib = 2**20
+    part = {"version_bytes": 1024 * mib, "fetch_s": 0.2, "check_s": 0.0, "load_s": 0.8, "seconds": 1.0,
+            "bytes_per_s": 1024 * mib / 1.0}
+    weights = {"tcp": {1024: 2048 * mib}, "fetch": {1024: {"shared memory, staged + xxh3_128": 5120 * mib,
+                                                           "grpc stream, staged + blake3": 512 * mib}},
+               "applied": {1024: {"shared memory": part}},
+               "egress": {"shared": {}, "relay": {1: 1.0}, "stream": {1: 1.0}, "relay_s": {1: 0.1},
+                          "stream_s": {1: 0.1}}, "egress_mib": 16}
+    rows = {name: (ours, base) for name, ours, base, _ in bench.table({"weights": weights})}
+    assert rows["weights: 1024 MiB published -> applied in vLLM (shared memory) vs raw loopback TCP"] == (1024, 2048)
+    assert rows["weights: 1024 MiB vLLM load alone (reload + prefix-cache reset) vs raw loopback TCP"] == (1280, 2048)
