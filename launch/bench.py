@@ -29,7 +29,8 @@ Rows (tandem | baseline | ratio):
              bytes; those of 256 MiB and
              more also checked and applied in vLLM (a RolloutEngine on a random float32 qwen2 of that
              size; fetch to end of load, best of the repeats; its parts fetch + verify, check, vLLM
-             load shared vs streamed)  |  the same raw TCP copy (`--quick` has none); the learner's egress
+             load shared vs streamed; vLLM's load alone, which bounds the whole)  |  the same raw TCP
+             copy (`--quick` has none); the learner's egress
              per version with 1, 2 and 4 same-host actors  |  the same actors all streaming; the demo
              model's update (fetch + verify + check + vLLM reload + prefix-cache reset) as a fraction
              of one generation batch of the demo's shape, over shared memory  |  over the stream
