@@ -103,3 +103,42 @@ def test_sampled_logprobs_match_jax_recomputation(engines):
     assert len(ours) == 3 * 4 * MAX_TOKENS
     assert diff.mean() < 1e-3 and diff.max() < 1e-3
     assert len({tuple(r) for r in rows}) > 3  # sampling really produced different completions
+
+
+def test_direct_cpu_reload_equals_vllms_reload_weights(engines):
+    """actors/vllm_worker_ext.reload_repacked_layers (the CPU fast path of every weight load) serves
+    what vLLM's own reload_weights serves, token for token and logprob for logprob, for each family
+    (tied and untied), and either path can follow the other."""
+    from safetensors.numpy import load_file
+    from vllm import SamplingParams
+
+    from actors.vllm_worker_ext import numpy_to_torch, reload_repacked_layers
+
+    _, llm = engines
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    exported = load_file(f"{llm.llm_engine.model_config.model}/model.safetensors")
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
+
+    def served() -> tuple[list[list[int]], np.ndarray]:
+        outs = [o.outputs[0] for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)]
+        logprobs = [step[t].logprob for o in outs for t, step in zip(o.token_ids, o.logprobs, strict=True)]
+        return [list(o.token_ids) for o in outs], np.asarray(logprobs)
+
+    def as_torch(tensors: dict[str, np.ndarray]) -> list:
+        return [(name, numpy_to_torch(array)) for name, array in tensors.items()]
+
+    original = served()
+    rolled = {name: np.roll(array, 1, axis=0) for name, array in exported.items()}  # other weights, same specs
+    assert reload_repacked_layers(runner.get_model(), as_torch(rolled))
+    llm.reset_prefix_cache()
+    direct = served()
+    assert direct[0] != original[0] or np.abs(direct[1] - original[1]).max() > 1e-2  # the new weights serve
+    runner.reload_weights(weights_iterator=as_torch(rolled))
+    llm.reset_prefix_cache()
+    by_vllm = served()
+    assert by_vllm[0] == direct[0]
+    assert np.abs(by_vllm[1] - direct[1]).max() < 1e-5
+    assert reload_repacked_layers(runner.get_model(), as_torch(exported))  # after reload_weights too
+    llm.reset_prefix_cache()
+    back = served()
+    assert back[0] == original[0] and np.abs(back[1] - original[1]).max() < 1e-5
