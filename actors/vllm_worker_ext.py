@@ -52,14 +52,15 @@ def reload_repacked_layers(model: torch.nn.Module, weights: list[tuple[str, torc
     restored = set()
     for name, layer in repacked.items():
         if layer.weight.numel() == 0:  # dropped after repacking: back from the recorded metadata
-            restore_layer_on_meta(layer, get_layerwise_info(layer))
-            materialize_layer(layer, get_layerwise_info(layer))
+            info = get_layerwise_info(layer)
+            restore_layer_on_meta(layer, info)
+            materialize_layer(layer, info)
             for tensor in get_layer_tensors(layer).values():  # a reload_weights may have left its wrappers
                 tensor.weight_loader = _get_original_loader(tensor)
             restored.add(f"{name}.weight")
-    loaded = model.load_weights(weights)
-    if restored - set(loaded):
-        raise RuntimeError(f"weights of repacked layers not loaded: {sorted(restored - set(loaded))}")
+    missing = restored - set(model.load_weights(weights))
+    if missing:
+        raise RuntimeError(f"weights of repacked layers not loaded: {sorted(missing)}")
     for layer in repacked.values():
         layer.quant_method.process_weights_after_loading(layer)
     return True
