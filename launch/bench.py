@@ -89,6 +89,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
 
 from launch.config import load_config  # noqa: E402
+from learner.schema import TrainConfig  # noqa: E402
 from models.tiny import make_tiny_model  # noqa: E402
 from models.tokenizer import DEFAULT_ALPHABET, SPECIAL_TOKENS  # noqa: E402
 from tandem_wire.digest import DEFAULT_DIGEST, DEFAULT_SHARED_DIGEST  # noqa: E402
@@ -173,7 +174,7 @@ def grpo_rows(args: argparse.Namespace, sizes: dict) -> dict:
     grpo_args = bench_grpo_step.parse_args([
         "--vocab", str(vocab), "--batch", str(args.grpo_batch or batch), "--prompt", str(args.grpo_prompt),
         "--completion", str(args.grpo_completion), "--repeats", str(repeats),
-        "--chunk-size", str(min(64, args.grpo_prompt + args.grpo_completion))])
+        "--chunk-tokens", str(TrainConfig().logits_chunk_tokens)])
     return {**bench_grpo_step.measure(grpo_args), "sizes": vars(grpo_args)}
 
 

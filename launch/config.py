@@ -65,8 +65,15 @@ class ModelConfig(Section):
     path: str | None = Field(None, description="HF model dir (config.json, *.safetensors, tokenizer); "
                                                "empty: a tiny model made from model.tiny")
     tiny: TinyModelConfig = Field(TinyModelConfig(), description="the from-scratch model (model.path empty)")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="parameters of the learner, the "
-                                                                         "rollout engines and the evaluator")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="compute dtype: the learner's "
+                                                                         "forward and backward passes, the "
+                                                                         "rollout engines, the evaluator and "
+                                                                         "every exported weight version")
+    param_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="the learner's master weights and AdamW moments (and checkpoints). float32 "
+                               "with dtype bfloat16 is mixed precision: a bf16 copy of the weights runs "
+                               "each step, the update lands in float32. bfloat16 here rounds away every "
+                               "update below half a bf16 ulp of its weight (most of them at lr <= 1e-5)")
 
 
 class DataConfig(Section):
@@ -185,6 +192,7 @@ REMOVED_KEYS = {
     "rollout.hf_dir": "the actors start from the model being trained (model.path, or the tiny model)",
     "rollout.dtype": "use model.dtype (the learner, the actors and the evaluator share it)",
     "rollout.seed": "use seed",
+    "train.logprob_chunk": "use train.logits_chunk_tokens (tokens, rows × time steps, per unembedding chunk)",
     "rollout.auth_token": "use server.auth_token",
     "rollout.tls_ca_path": "use server.tls_ca_path",
 }

@@ -12,7 +12,8 @@ def build_trainer(run: Run, *, temperature: float = 1.0) -> Trainer:
     """A Trainer ready for steps (`temperature`: the rollouts' sampling temperature, for RL logprobs)."""
     config = run.config
     mesh = make_learner_mesh(config.mesh)
-    loaded = load_model(run.model_dir, mesh=mesh, dtype=config.model.dtype)
+    loaded = load_model(run.model_dir, mesh=mesh, dtype=config.model.param_dtype)
     return Trainer(loaded, mesh, config.optim, loss=config.algo, micro_batches=config.train.micro_batches,
-                   temperature=temperature, chunk_size=config.train.logprob_chunk, seed=config.seed,
+                   temperature=temperature, chunk_tokens=config.train.logits_chunk_tokens,
+                   compute_dtype=config.model.dtype, remat=config.train.remat, seed=config.seed,
                    skip_no_signal=config.train.skip_no_signal)

@@ -1,10 +1,16 @@
 """Per-token log-probabilities and entropies without materialising the full [B, T, V] fp32 logits.
 
-The vocabulary projection dominates memory at RL sequence lengths (B·T·V floats, e.g. 8·2048·152k
-fp32 = 10 GB). We run the transformer once to its final hidden states, then unembed and
-log-softmax over chunks of `chunk_size` time steps with `jax.lax.map`, each chunk under
-`jax.checkpoint`: the forward pass keeps one chunk's logits alive at a time, and the backward pass
-recomputes a chunk's logits instead of saving all of them as residuals (which a plain scan would do).
+The vocabulary projection dominates memory at real shapes (B·T·V floats, e.g. 64·256·152k fp32 =
+10 GB per copy, and a backward pass holds several copies). We run the transformer once to its final
+hidden states, then unembed and log-softmax over chunks of at most `chunk_tokens` tokens (rows ×
+time steps) with `jax.lax.map`, each chunk under `jax.checkpoint`: the forward pass keeps one
+chunk's logits alive at a time, and the backward pass recomputes a chunk's logits instead of saving
+all of them as residuals (which a plain scan would do). Peak logits memory is therefore a few
+copies of chunk_tokens × V fp32, whatever the batch's rows and length.
+
+Chunks are blocks of rows × time steps. A block takes rows r, r + n, r + 2n, ... (interleaved, as
+the train step's micro-batches do), so a batch sharded over its rows stays evenly sharded inside
+every chunk.
 """
 
 from __future__ import annotations
@@ -23,45 +29,63 @@ def token_logprobs_and_entropy(logits: jax.Array, targets: jax.Array) -> tuple[j
     return logps, entropy
 
 
+def chunk_layout(rows: int, length: int, chunk_tokens: int) -> tuple[int, int]:
+    """(rows, time steps) of one chunk of at most `chunk_tokens` tokens: all rows and as many time
+    steps as fit, or, when the rows alone exceed the budget, one time step of an even share of rows."""
+    if rows * length <= chunk_tokens:
+        return rows, length
+    if rows <= chunk_tokens:
+        return rows, chunk_tokens // rows
+    row_blocks = -(-rows // chunk_tokens)
+    return -(-rows // row_blocks), 1
+
+
 def logprobs_from_hidden(
     model,
     hidden: jax.Array,
     targets: jax.Array,
     *,
     temperature: float = 1.0,
-    chunk_size: int | None = 128,
+    chunk_tokens: int | None = 2048,
 ) -> tuple[jax.Array, jax.Array]:
     """log p(targets) and entropy from final hidden states [B, T, D], both [B, T] fp32.
 
-    Unembeds `chunk_size` time steps at a time (see the module docstring); logits are divided by
-    `temperature` first. chunk_size=None computes all positions at once.
+    Unembeds at most `chunk_tokens` tokens at a time (see the module docstring); logits are divided
+    by `temperature` first. chunk_tokens=None computes all positions at once.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
-    if chunk_size is not None and chunk_size <= 0:
-        raise ValueError(f"chunk_size must be positive or None, got {chunk_size}")
+    if chunk_tokens is not None and chunk_tokens <= 0:
+        raise ValueError(f"chunk_tokens must be positive or None, got {chunk_tokens}")
 
     def chunk(h: jax.Array, t: jax.Array) -> tuple[jax.Array, jax.Array]:
         logits = unembed(model, h).astype(jnp.float32) / temperature
         return token_logprobs_and_entropy(logits, t)
 
     batch, length, dim = hidden.shape
-    if chunk_size is None or chunk_size >= length:
+    if chunk_tokens is None or batch * length <= chunk_tokens:
         return chunk(hidden, targets)
 
-    num_chunks = -(-length // chunk_size)
-    pad = num_chunks * chunk_size - length
-    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-    targets = jnp.pad(targets, ((0, 0), (0, pad)))
-    # [num_chunks, B, chunk, ...]: lax.map iterates over the leading axis.
-    h_chunks = hidden.reshape(batch, num_chunks, chunk_size, dim).swapaxes(0, 1)
-    t_chunks = targets.reshape(batch, num_chunks, chunk_size).swapaxes(0, 1)
-    logps, entropy = jax.lax.map(jax.checkpoint(lambda xs: chunk(*xs)), (h_chunks, t_chunks))
+    rows, steps = chunk_layout(batch, length, chunk_tokens)
+    row_blocks, time_blocks = -(-batch // rows), -(-length // steps)
+    pad_rows, pad_steps = row_blocks * rows - batch, time_blocks * steps - length
+    hidden = jnp.pad(hidden, ((0, pad_rows), (0, pad_steps), (0, 0)))
+    targets = jnp.pad(targets, ((0, pad_rows), (0, pad_steps)))
 
-    def unchunk(x: jax.Array) -> jax.Array:
-        return x.swapaxes(0, 1).reshape(batch, num_chunks * chunk_size)[:, :length]
+    def to_chunks(x: jax.Array) -> jax.Array:
+        # [rows·row_blocks, steps·time_blocks, ...] -> [row_blocks·time_blocks, rows, steps, ...];
+        # row i of block j is padded row i·row_blocks + j (interleaved: rows stay spread over shards).
+        x = x.reshape(rows, row_blocks, time_blocks, steps, *x.shape[2:])
+        x = jnp.moveaxis(x, (1, 2), (0, 1))
+        return x.reshape(row_blocks * time_blocks, rows, steps, *x.shape[4:])
 
-    return unchunk(logps), unchunk(entropy)
+    def from_chunks(x: jax.Array) -> jax.Array:
+        x = x.reshape(row_blocks, time_blocks, rows, steps)
+        x = jnp.moveaxis(x, (0, 1), (1, 2)).reshape(rows * row_blocks, time_blocks * steps)
+        return x[:batch, :length]
+
+    logps, entropy = jax.lax.map(jax.checkpoint(lambda xs: chunk(*xs)), (to_chunks(hidden), to_chunks(targets)))
+    return from_chunks(logps), from_chunks(entropy)
 
 
 def per_token_logprobs(
@@ -70,14 +94,14 @@ def per_token_logprobs(
     attention_mask: jax.Array,
     *,
     temperature: float = 1.0,
-    chunk_size: int | None = 128,
+    chunk_tokens: int | None = 2048,
 ) -> tuple[jax.Array, jax.Array]:
     """Log-probability of token t+1 given tokens ≤ t, and the entropy at t, both [B, T−1] fp32.
 
     Logits are divided by `temperature` before the log-softmax, so the values match vLLM's
     processed logprobs (log_softmax(logits / T)) that the actors sampled with. Entries at padding
-    positions are meaningless; mask them. chunk_size=None computes all positions at once.
+    positions are meaningless; mask them. chunk_tokens=None computes all positions at once.
     """
     hidden = forward_hidden(model, input_ids, attention_mask)[:, :-1]  # [B, T-1, D]
     targets = input_ids[:, 1:]
-    return logprobs_from_hidden(model, hidden, targets, temperature=temperature, chunk_size=chunk_size)
+    return logprobs_from_hidden(model, hidden, targets, temperature=temperature, chunk_tokens=chunk_tokens)

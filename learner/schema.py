@@ -149,7 +149,13 @@ class TrainConfig(Section):
     eval_every: int = Field(0, ge=0, description="rl: evaluate every this many steps; 0 = only at the end")
     eval_k: int = Field(8, ge=1, description="samples per prompt for pass@k")
     eval_kv_cache_gib: float = Field(0.25, gt=0, description="KV cache of the evaluator's vLLM engine")
-    logprob_chunk: int = Field(64, ge=1, description="sequence chunk of the learner's logprob computation")
+    logits_chunk_tokens: int = Field(2048, ge=1, description="tokens (rows × time steps) unembedded at once "
+                                                             "by the learner: its logits memory is a few "
+                                                             "copies of this × vocab in fp32, whatever the "
+                                                             "batch")
+    remat: bool = Field(False, description="recompute each decoder layer's activations in the backward pass "
+                                           "(gradient checkpointing): activation memory of one layer plus "
+                                           "the layer inputs, for ~1/3 more compute")
     skip_no_signal: bool = Field(True, description="rl: a step whose advantages are all zero makes no "
                                                    "optimizer update (AdamW's state untouched)")
     max_fill_batches: int = Field(4, ge=1, description="rl, algo.dynamic_sampling=fill: take at most this "

@@ -5,6 +5,13 @@ micro-batch losses with `lax.scan` (every micro-loss is already divided by the *
 normaliser, so the sum is the full-batch gradient; activations live for one micro-batch at a
 time), then applies one optax update. Metrics are normalised the same way and summed too.
 
+Mixed precision: the state holds the master weights (and AdamW's moments) in their own dtype,
+float32 by default; with a `compute_dtype` (bfloat16) every loss runs on a copy of the weights cast
+to it inside the step, so activations and matmuls are bf16, while the gradient flows back through
+the cast to the float32 master and the update is applied there. Updates far below a bf16 ulp of
+their weight (lr 1e-6 on weights of ~0.02) therefore accumulate instead of being rounded away.
+Exports (actors, HF dirs) are cast to the compute dtype.
+
 - rl:       learner.losses.policy_loss on learner.logprobs.per_token_logprobs (chunked unembed),
             behaviour logprobs as π_old, optional frozen reference (the initial policy) when β > 0.
 - sft:      masked cross-entropy on the batch's loss_mask (completion tokens only).
@@ -34,12 +41,17 @@ from learner.metrics import Throughput, to_host
 from learner.optim import OptimizerConfig, make_optimizer, make_schedule
 from learner.rl_batch import RLBatch, empty_rl_batch
 from learner.train_state import TrainState, init_train_state
-from models.jax_model import LoadedModel, export_hf_tensors, save_hf_dir
+from models.jax_model import DTYPES, LoadedModel, export_hf_tensors, save_hf_dir
 
 Batch = dict[str, jax.Array]
 SKIPPED: dict[str, float] = {"update_skipped": 1.0}  # the metrics of a step that made no update
 # (params, micro-batch, global normaliser, frozen reference params or None) -> (loss, metrics)
 LossFn = Callable[[nnx.State, Batch, Normalizer, nnx.State | None], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+def cast_floating(tree: nnx.State, dtype: jnp.dtype) -> nnx.State:
+    """`tree` with its floating-point arrays cast to `dtype` (a no-op for arrays already in it)."""
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
 def packed_hidden(model: nnx.Module, input_ids: jax.Array, segment_ids: jax.Array,
@@ -73,7 +85,11 @@ class Trainer:
         resumed run must load the same initial model dir before restoring its checkpoint.
       micro_batches: gradient-accumulation factor; the batch's rows must divide by it.
       temperature: the actors' sampling temperature (behaviour logprobs are log_softmax(logits / T)).
-      chunk_size: time steps unembedded at once when computing logprobs (bounds the [B, T, V] memory).
+      chunk_tokens: tokens (rows × time steps) unembedded at once when computing logprobs: the logits
+        memory is a few copies of chunk_tokens × V fp32, whatever the batch (learner.logprobs).
+      compute_dtype: dtype the steps compute in ("bfloat16" or "float32"); None: the loaded params'.
+        Exports default to it. The state's params keep the loaded dtype (the master weights).
+      remat: recompute each decoder layer in the backward pass (gradient checkpointing).
       seed: the state's rng key.
       skip_no_signal: skip rl steps whose advantages are all zero (with β > 0 the KL term alone would
         still move the policy toward the reference; such steps are skipped too).
@@ -81,20 +97,28 @@ class Trainer:
 
     def __init__(self, loaded: LoadedModel, mesh: jax.sharding.Mesh, optimizer: OptimizerConfig, *,
                  loss: LossConfig | None = None, micro_batches: int = 1, temperature: float = 1.0,
-                 chunk_size: int | None = 128, seed: int = 0, skip_no_signal: bool = True):
+                 chunk_tokens: int | None = 2048, compute_dtype: str | None = None, remat: bool = False,
+                 seed: int = 0, skip_no_signal: bool = True):
         if micro_batches < 1:
             raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
         self.loaded, self.mesh = loaded, mesh
         self.loss_config = loss or LossConfig()
-        self.micro_batches, self.temperature, self.chunk_size = micro_batches, temperature, chunk_size
+        self.micro_batches, self.temperature, self.chunk_tokens = micro_batches, temperature, chunk_tokens
         self.skip_no_signal = skip_no_signal
+        self.compute_dtype = compute_dtype
+        loaded.model.remat_layers = remat  # a static attribute: part of the graph definition
         self._graphdef, params, self._rest = nnx.split(loaded.model, nnx.Param, ...)
         self._tx = make_optimizer(optimizer)
         self._schedule = make_schedule(optimizer)
         with jax.set_mesh(mesh):
             self.state = init_train_state(params, self._tx, mesh=mesh, seed=seed)
-            # The frozen reference policy is the initial one; copied because steps donate the state.
-            self._reference = jax.tree.map(jnp.copy, params) if self.loss_config.beta > 0 else None
+            # The frozen reference policy is the initial one, kept in the compute dtype it runs in
+            # (a copy: steps donate the state).
+            self._reference = None
+            if self.loss_config.beta > 0:
+                self._reference = jax.tree.map(jnp.copy, params)
+                if compute_dtype is not None:
+                    self._reference = cast_floating(self._reference, DTYPES[compute_dtype])
         self._steps: dict[str, Callable] = {}
 
     # -- public steps --------------------------------------------------------------------------
@@ -124,8 +148,9 @@ class Trainer:
         return self._bound().model
 
     def hf_tensors(self, dtype: str | None = None) -> Iterator[tuple[str, np.ndarray]]:
-        """Current weights as HF-named host tensors (for publishing to the actors)."""
-        return export_hf_tensors(self._bound(), dtype)
+        """Current weights as HF-named host tensors (for publishing to the actors), in `dtype`
+        (default: the compute dtype)."""
+        return export_hf_tensors(self._bound(), dtype or self.compute_dtype)
 
     def export_hf(self, out_dir: Path, *, tokenizer_dir: Path, dtype: str | None = None) -> Path:
         """Write the current weights as a HF model dir (vLLM / transformers load it). Multi-host: every
@@ -133,7 +158,7 @@ class Trainer:
         if not is_leader():
             deque(self.hf_tensors(dtype), maxlen=0)
             return Path(out_dir)
-        return save_hf_dir(self._bound(), out_dir, tokenizer_dir=tokenizer_dir, dtype=dtype)
+        return save_hf_dir(self._bound(), out_dir, tokenizer_dir=tokenizer_dir, dtype=dtype or self.compute_dtype)
 
     # -- machinery -----------------------------------------------------------------------------
 
@@ -186,12 +211,15 @@ class Trainer:
         return new_state, metrics
 
     def _merge(self, params: nnx.State) -> nnx.Module:
+        """The model on `params` cast to the compute dtype (the gradient flows back through the cast)."""
+        if self.compute_dtype is not None:
+            params = cast_floating(params, DTYPES[self.compute_dtype])
         return nnx.merge(self._graphdef, params, self._rest)
 
     def _rl_loss(self, params: nnx.State, mb: Batch, norm: Normalizer, reference: nnx.State | None):
         def logprobs(p: nnx.State) -> tuple[jax.Array, jax.Array]:
             return per_token_logprobs(self._merge(p), mb["input_ids"], mb["attention_mask"],
-                                      temperature=self.temperature, chunk_size=self.chunk_size)
+                                      temperature=self.temperature, chunk_tokens=self.chunk_tokens)
 
         logps, entropy = logprobs(params)
         ref = None
@@ -203,18 +231,18 @@ class Trainer:
 
     def _ce_loss(self, params: nnx.State, mb: Batch, norm: Normalizer, reference: nnx.State | None):
         del reference  # no KL term in sft / pretrain
-        return masked_cross_entropy(self._merge(params), mb, mb["input_ids"][:, 1:], norm, self.chunk_size)
+        return masked_cross_entropy(self._merge(params), mb, mb["input_ids"][:, 1:], norm, self.chunk_tokens)
 
 
 def masked_cross_entropy(model: nnx.Module, batch: Batch, targets: jax.Array, norm: Normalizer,
-                         chunk_size: int | None) -> tuple[jax.Array, dict[str, jax.Array]]:
+                         chunk_tokens: int | None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """L = −Σ_t m_t log p(y_t | x_≤t of its segment) / N_tok, with N_tok taken over the global batch.
 
     `targets` [B, T−1] are the next tokens (input_ids[:, 1:]); m = batch["loss_mask"][:, 1:], so a
     target the mask leaves out (a prompt token in SFT) has no effect on the loss or its gradient.
     """
     hidden = packed_hidden(model, batch["input_ids"], batch["segment_ids"], batch["positions"])[:, :-1]
-    logps, entropy = logprobs_from_hidden(model, hidden, targets, chunk_size=chunk_size)
+    logps, entropy = logprobs_from_hidden(model, hidden, targets, chunk_tokens=chunk_tokens)
     mask = batch["loss_mask"][:, 1:]
     denominator = jnp.maximum(norm.num_tokens, 1.0)
     loss = -(logps * mask).sum() / denominator

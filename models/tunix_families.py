@@ -163,12 +163,25 @@ def tunix_config(hf_config: dict[str, Any]) -> Any:
 # Models
 
 
+def _layer_runner(remat: bool) -> Callable:
+    """Calls `layer(*args)`; with `remat`, under nnx.remat, so the backward pass recomputes the
+    layer's activations instead of keeping them (per-layer gradient checkpointing)."""
+    def call(layer: nnx.Module, *args: Any) -> Any:
+        return layer(*args)
+
+    return nnx.remat(call) if remat else call
+
+
 class _HiddenAndUnembed:
-    """`hidden_states` + `unembed`, the two halves of tunix's `__call__` (mixin for the families)."""
+    """`hidden_states` + `unembed`, the two halves of tunix's `__call__` (mixin for the families).
+
+    `remat_layers` (a static attribute the trainer sets) turns on per-layer gradient checkpointing.
+    """
 
     embedder: Any
     layers: Any
     final_norm: Any
+    remat_layers: bool = False
 
     def _run_layers(self, x: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
         raise NotImplementedError
@@ -200,8 +213,9 @@ class Qwen2(_HiddenAndUnembed, qwen2_lib.Qwen2, pytree=False):
     def _run_layers(self, x: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
         sin, cos = qwen2_lib._generate_pos_embeddings(positions, self.config.head_dim, self.config.rope_theta)
         sin, cos = sin.astype(x.dtype), cos.astype(x.dtype)
+        run = _layer_runner(self.remat_layers)
         for layer in self.layers:
-            _, x = layer(x, None, attention_mask, sin, cos)
+            _, x = run(layer, x, None, attention_mask, sin, cos)
         return x
 
 
@@ -209,9 +223,10 @@ class _ConfigRopeLayers(_HiddenAndUnembed):
     """Llama3/Qwen3 layer loop (rope applied inside attention) under the config's frequencies."""
 
     def _run_layers(self, x: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        run = _layer_runner(self.remat_layers)
         with _config_rope(self.config.rope_inv_freq):
             for layer in self.layers:
-                _, x = layer(x, positions, None, attention_mask)
+                _, x = run(layer, x, positions, None, attention_mask)
         return x
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -77,7 +77,7 @@ def _our_loss_and_grads(model, batch, old, ref, advantages, algorithm, agg):
 
     def loss_fn(m):
         logps, _ = per_token_logprobs(
-            m, jnp.asarray(batch.input_ids), jnp.asarray(batch.attention_mask), chunk_size=3
+            m, jnp.asarray(batch.input_ids), jnp.asarray(batch.attention_mask), chunk_tokens=3
         )
         return policy_loss(
             logps[:, prompt_len - 1:], jnp.asarray(old), jnp.asarray(advantages), mask, config, norm,

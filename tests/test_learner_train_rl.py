@@ -100,7 +100,7 @@ def hf_dir(tmp_path_factory):
 
 @nnx.jit
 def _logprobs(model, input_ids, attention_mask):
-    return per_token_logprobs(model, input_ids, attention_mask, chunk_size=None)[0]
+    return per_token_logprobs(model, input_ids, attention_mask, chunk_tokens=None)[0]
 
 
 def _batch_logprobs(model, mesh, batch) -> np.ndarray:

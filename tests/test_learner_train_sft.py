@@ -105,7 +105,7 @@ def test_prompt_targets_carry_no_loss_and_no_gradient(hf_dir, tokenizer, mesh):
     @jax.jit
     @jax.value_and_grad
     def loss_and_grad_jit(p, y):
-        return masked_cross_entropy(nnx.merge(graphdef, p), batch, y, norm, chunk_size=16)[0]
+        return masked_cross_entropy(nnx.merge(graphdef, p), batch, y, norm, chunk_tokens=16)[0]
 
     def loss_and_grad(y):
         with jax.set_mesh(mesh):

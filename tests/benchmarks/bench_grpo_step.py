@@ -3,8 +3,8 @@
 Variants, on the same model (qwen2 family loaded from a random HF dir by models.jax_model), batch,
 behaviour/reference logprobs and advantages:
   tunix            tunix.rl.grpo.grpo_learner.grpo_loss_fn (full [B, T, V] logits)
-  tandem           learner.logprobs.per_token_logprobs (chunk_size) + learner.losses.policy_loss
-  tandem-unchunked the same with chunk_size=None
+  tandem           learner.logprobs.per_token_logprobs (chunk_tokens) + learner.losses.policy_loss
+  tandem-unchunked the same with chunk_tokens=None
 Memory: each variant runs once in its own subprocess, so its peak is its own: XLA's compiled temp
 buffer size (memory_analysis) and the measured peak, the device's peak_bytes_in_use where the
 backend reports it (GPU/TPU), else the process's max RSS (CPU). Throughput: tokens/s (B × T tokens
@@ -74,7 +74,7 @@ def make_batch(args: argparse.Namespace):
     )
 
 
-def step_function(variant: str, model, data: dict, chunk_size: int):
+def step_function(variant: str, model, data: dict, chunk_tokens: int):
     """(jitted value_and_grad over the parameter state, the state)."""
     import jax
     import jax.numpy as jnp
@@ -105,10 +105,10 @@ def step_function(variant: str, model, data: dict, chunk_size: int):
         mask = jnp.concatenate([d["prompt_mask"], d["completion_mask"]], 1)
         completion_mask = d["completion_mask"].astype(jnp.float32)
         start = d["prompt_ids"].shape[1] - 1
-        chunk = None if variant == "tandem-unchunked" else chunk_size
+        chunk = None if variant == "tandem-unchunked" else chunk_tokens
 
         def loss(s):
-            logps, _ = per_token_logprobs(nnx.merge(graphdef, s), ids, mask, chunk_size=chunk)
+            logps, _ = per_token_logprobs(nnx.merge(graphdef, s), ids, mask, chunk_tokens=chunk)
             return policy_loss(logps[:, start:], d["old"], d["advantages"], completion_mask, config,
                                normalizer_for(completion_mask), ref_logps=d["ref"])[0]
 
@@ -122,7 +122,7 @@ def build_steps(args: argparse.Namespace, variants: tuple[str, ...]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         loaded = load_model(write_model(Path(tmp), args.vocab, args.prompt + args.completion))
     data = make_batch(args)
-    return {v: step_function(v, loaded.model, data, args.chunk_size) for v in variants}
+    return {v: step_function(v, loaded.model, data, args.chunk_tokens) for v in variants}
 
 
 def measure_memory(args: argparse.Namespace) -> None:
@@ -164,7 +164,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--completion", type=int, default=224)
-    parser.add_argument("--chunk-size", type=int, default=64)
+    parser.add_argument("--chunk-tokens", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # child process
     return parser.parse_args(argv)
@@ -173,7 +173,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def measure(args: argparse.Namespace) -> dict:
     """{variant: {tokens_per_s, step_s, temp_mb, peak_mb, loss}} plus the device and which peak was read."""
     sizes = ["--vocab", args.vocab, "--batch", args.batch, "--prompt", args.prompt,
-             "--completion", args.completion, "--chunk-size", args.chunk_size, "--repeats", args.repeats]
+             "--completion", args.completion, "--chunk-tokens", args.chunk_tokens, "--repeats", args.repeats]
     memory = {}
     for variant in VARIANTS:
         out = subprocess.run([sys.executable, __file__, *map(str, sizes), "--variant", variant],
@@ -198,7 +198,7 @@ def main() -> None:
                                        * MODEL["intermediate_size"]))
     print(f"GRPO step (loss+grad), qwen2 {MODEL['num_layers']}L d={MODEL['hidden_size']} V={args.vocab} "
           f"(~{params / 1e6:.1f}M params), batch {args.batch} x {args.prompt}+{args.completion} tokens, "
-          f"chunk {args.chunk_size}, fp32")
+          f"chunk {args.chunk_tokens}, fp32")
     result = measure(args)
     variants = result["variants"]
     print(f"device: {result['device']}; peak = {result['peak']} (own process per variant); "
