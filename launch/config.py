@@ -30,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from actors.config import FLEET_NAME, ActorConfig, EngineSettings, RestartPolicy
+from learner.chat_format import ChatFormat
 from learner.schema import (
     AdmissionSettings,
     DistributedConfig,
@@ -76,21 +77,27 @@ class ModelConfig(Section):
                                "update below half a bf16 ulp of its weight (most of them at lr <= 1e-5)")
 
 
-class DataConfig(Section):
-    """Where examples come from: local jsonl/parquet/arrow files or a hub dataset name.
+class DataConfig(ChatFormat):
+    """Where examples come from: local jsonl/parquet/arrow files or a hub dataset name, and which
+    columns hold what (learner.chat_format.ChatFormat declares the prompt's columns and template).
 
-    rl: rows with `prompt` (user text) and `answer`; sft: rows with `messages`;
-    pretrain: rows with `text`. `task: arithmetic` generates the demo's data under run_dir.
+    rl and eval: rows with the user text (`prompt_field`) and the reference answer (`answer_field`),
+    asked as [system_prompt?, user(prompt_template)]; sft: rows with `messages`, or prompt/completion
+    rows (`prompt_field`, `completion_field`) asked the same way; pretrain: rows with `text`.
+    `task: arithmetic` generates the demo's data under run_dir.
     """
 
     task: Literal["none", "arithmetic"] = Field("none", description="arithmetic: generate the demo's data")
     digits: int = Field(3, ge=1, le=6, description="task=arithmetic: digits per operand")
     dir: str | None = Field(None, description="where task data is generated (default: run_dir/data)")
     train: str | None = Field(None, description="training data: files or a hub dataset name")
-    eval: str | None = Field(None, description="held-out data (rows with `prompt`, `answer`)")
+    eval: str | None = Field(None, description="held-out data (rows with data.prompt_field, data.answer_field)")
     split: str = Field("train", description="split of data.train to read")
     seq_len: int = Field(64, ge=8, description="packed row length (sft, pretrain)")
     eval_examples: int = Field(256, ge=1, description="held-out examples evaluated at most")
+    answer_field: str = Field("answer", min_length=1, description="rl, eval: column holding the reference "
+                                                                  "answer; reward functions read it as "
+                                                                  "metadata['answer'] whatever its name")
 
 
 class RolloutConfig(EngineSettings, AdmissionSettings, Section):

@@ -96,7 +96,8 @@ def make_evaluator(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None
     data = data or run.eval_data
     if data is None:
         return None
-    rows = chat_prompt_rows(data, tokenizer, limit=config.data.eval_examples, prompt_format=prompt_format)
+    rows = chat_prompt_rows(data, tokenizer, config.data, limit=config.data.eval_examples,
+                            prompt_format=prompt_format)
     examples = [Prompt(r.prompt_ids, r.text, r.metadata) for r in rows]  # the learner's → the engine's
     settings = config.eval_settings()
     if k is not None:

@@ -50,7 +50,7 @@ def build_rl_learner(run: Run, tokenizer, writer: MetricsWriter | None = None) -
     trainer = build_trainer(run, temperature=config.rollout.temperature)
     service, first_len = None, None
     if is_leader():
-        rows = chat_prompt_rows(run.train_data, tokenizer, split=config.data.split)
+        rows = chat_prompt_rows(run.train_data, tokenizer, config.data, split=config.data.split)
         service = LearnerService(PromptSource(rows, epochs=None, seed=config.seed), config.service_config(
             vocab_size=int(trainer.loaded.hf_config["vocab_size"])))
         # the longest prompt completed to max_tokens: what a batch holding one truncated completion of

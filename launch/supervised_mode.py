@@ -12,6 +12,7 @@ from launch.evaluation import evaluate_dir
 from launch.plots import plot_run
 from launch.run import Mode, Run
 from launch.trainer import build_trainer
+from learner.chat_format import ChatFormat
 from learner.checkpoint import Checkpointer
 from learner.data import DataConfig, make_batches
 from learner.mesh import is_leader
@@ -27,7 +28,8 @@ def run_supervised_mode(run: Run, mode: Mode) -> dict[str, Any]:
     trainer = build_trainer(run)
     batches = make_batches(DataConfig(kind=mode, source=run.train_data, split=config.data.split,
                                       seq_len=config.data.seq_len, batch_size=config.train.batch_size,
-                                      seed=config.seed), tokenizer)
+                                      seed=config.seed,
+                                      **config.data.model_dump(include=set(ChatFormat.model_fields))), tokenizer)
     checkpointer = Checkpointer(run.run_dir / "checkpoints", max_to_keep=config.train.keep_checkpoints,
                                 save_every=config.train.checkpoint_every)
     leader = is_leader()  # multi-host: every process trains on the same global batch, process 0 reports

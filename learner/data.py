@@ -1,7 +1,8 @@
 """SFT and pretrain data: load a dataset, tokenize it, pack examples into fixed-shape batches.
 
-- **SFT**: rows of chat `messages` rendered with the tokenizer's chat template; only the assistant
-  turns carry loss (completion-only labels).
+- **SFT**: rows of chat `messages`, or prompt/completion rows (made into [system?, user, assistant]
+  messages by `ChatFormat`), rendered with the tokenizer's chat template; only the assistant turns
+  carry loss (completion-only labels).
 - **Pretrain**: rows of `text`; every token carries loss; documents are wrapped in bos/eos.
 
 Packing: several examples share one row of `seq_len` tokens. Each example is a *segment*
@@ -22,8 +23,11 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import datasets
+import jinja2
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+
+from learner.chat_format import ChatFormat
 
 DataKind = Literal["sft", "pretrain"]
 
@@ -32,8 +36,9 @@ _BUILDER_BY_SUFFIX = {".json": "json", ".jsonl": "json", ".parquet": "parquet", 
                       ".csv": "csv", ".txt": "text"}
 
 
-class DataConfig(BaseModel):
-    """Where the data is and how it becomes batches of `batch_size` rows × `seq_len` tokens."""
+class DataConfig(ChatFormat):
+    """Where the data is and how it becomes batches of `batch_size` rows × `seq_len` tokens; SFT rows
+    without `messages_field` are prompt/completion rows, made into chats by the ChatFormat fields."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -44,7 +49,7 @@ class DataConfig(BaseModel):
     batch_size: int = Field(gt=0)
     seed: int = 0
     shuffle: bool = True
-    messages_field: str = "messages"  # sft
+    messages_field: str = "messages"  # sft (else prompt_field and completion_field)
     text_field: str = "text"  # pretrain
     num_proc: int | None = None  # tokenization processes (datasets.map)
 
@@ -84,9 +89,17 @@ def load_rows(source: str | list[str], split: str = "train") -> datasets.Dataset
     return datasets.load_dataset(files[0], split=split)
 
 
-def _template_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
-    ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False,
-                                        add_generation_prompt=add_generation_prompt)
+def chat_template_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
+    """The tokenizer's chat template of ``messages``; a template that refuses them (a system prompt
+    given to a template without a system role) fails naming the roles."""
+    try:
+        ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False,
+                                            add_generation_prompt=add_generation_prompt)
+    except jinja2.TemplateError as error:
+        roles = [m.get("role") for m in messages]
+        hint = (" (a system_prompt needs a chat template with a system role: leave it unset and put the "
+                "instruction in the prompt_template instead)" if "system" in roles else "")
+        raise ValueError(f"the tokenizer's chat template cannot render roles {roles}: {error}{hint}") from None
     return list(ids)
 
 
@@ -100,13 +113,13 @@ def sft_example(tokenizer, messages: list[dict[str, Any]]) -> tuple[list[int], l
     """
     if not messages or any("role" not in m or "content" not in m for m in messages):
         raise ValueError(f"messages must be a non-empty list of {{role, content}} dicts, got {messages!r}")
-    ids = _template_ids(tokenizer, messages)
+    ids = chat_template_ids(tokenizer, messages)
     loss_mask = [0] * len(ids)
     for turn, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        start = len(_template_ids(tokenizer, messages[:turn], add_generation_prompt=True)) if turn else 0
-        end_ids = _template_ids(tokenizer, messages[: turn + 1])
+        start = len(chat_template_ids(tokenizer, messages[:turn], add_generation_prompt=True)) if turn else 0
+        end_ids = chat_template_ids(tokenizer, messages[: turn + 1])
         if end_ids != ids[: len(end_ids)] or start > len(end_ids):
             raise ValueError("the chat template does not render conversation prefixes as token prefixes; "
                              "cannot locate assistant tokens")
@@ -124,22 +137,36 @@ def pretrain_documents(tokenizer, texts: list[str]) -> list[list[int]]:
     return [bos + list(ids) + eos for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
+def _sft_columns(tokenizer, conversations: list[list[dict]]) -> dict[str, list[list[int]]]:
+    examples = [sft_example(tokenizer, messages) for messages in conversations]
+    return {"input_ids": [ids for ids, _ in examples], "loss_mask": [mask for _, mask in examples]}
+
+
 def tokenize_rows(rows: datasets.Dataset, tokenizer, config: DataConfig) -> datasets.Dataset:
     """Columns `input_ids` and `loss_mask` per example; SFT rows without assistant tokens are dropped."""
-    if config.kind == "sft":
-        field = config.messages_field
+    columns = rows.column_names
+    if config.kind == "sft" and config.messages_field in columns:
 
         def fn(batch):
-            examples = [sft_example(tokenizer, messages) for messages in batch[field]]
-            return {"input_ids": [ids for ids, _ in examples], "loss_mask": [mask for _, mask in examples]}
+            return _sft_columns(tokenizer, batch[config.messages_field])
+    elif config.kind == "sft":
+        pair = (config.prompt_field, config.completion_field)
+        if not set(pair) <= set(columns):
+            raise ValueError(f"sft data needs a {config.messages_field!r} column (chat messages) or "
+                             f"{pair[0]!r} and {pair[1]!r} columns (prompt/completion pairs); the data "
+                             f"has {columns}")
+
+        def fn(batch):
+            return _sft_columns(tokenizer, [
+                [*config.prompt_messages(prompt), {"role": "assistant", "content": completion}]
+                for prompt, completion in zip(batch[pair[0]], batch[pair[1]], strict=True)])
     else:
-        field = config.text_field
+        if config.text_field not in columns:
+            raise ValueError(f"pretrain data needs a {config.text_field!r} column; the data has {columns}")
 
         def fn(batch):
-            documents = pretrain_documents(tokenizer, batch[field])
+            documents = pretrain_documents(tokenizer, batch[config.text_field])
             return {"input_ids": documents, "loss_mask": [[1] * len(ids) for ids in documents]}
-    if field not in rows.column_names:
-        raise ValueError(f"{config.kind} data needs a {field!r} column; the data has {rows.column_names}")
     out = rows.map(fn, batched=True, remove_columns=rows.column_names, num_proc=config.num_proc,
                    desc=f"tokenizing {config.kind} data")
     if config.kind == "sft":

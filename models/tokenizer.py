@@ -1,9 +1,12 @@
-"""Offline character-level tokenizer for tiny models (one token per character, no download).
+"""Offline tokenizers for tiny models (no download), written as standard HF fast-tokenizer dirs, so
+`transformers.AutoTokenizer` and vLLM load them like any real checkpoint's tokenizer.
 
-Ids 0..4 are the special tokens, then one id per alphabet character in alphabet order.
-The files written are a standard HF fast-tokenizer dir, so `transformers.AutoTokenizer` and vLLM
-load them like any real checkpoint's tokenizer. No BOS is added implicitly: text that needs one
-spells it out (the chat template does).
+- `build_char_tokenizer`: one token per character of a small alphabet. Ids 0..4 are the special
+  tokens, then one id per alphabet character in alphabet order. No BOS is added implicitly: text
+  that needs one spells it out (the chat template does).
+- `build_chatml_tokenizer`: byte-level (one token per UTF-8 byte, ids 0..255, so any text encodes),
+  then `<|endoftext|>` (pad), `<|im_start|>`, `<|im_end|>` (eos) and Qwen's ChatML chat template
+  with system, user and assistant roles. No BOS, as Qwen's.
 """
 
 from __future__ import annotations
@@ -78,6 +81,66 @@ def build_char_tokenizer(out_dir: Path, alphabet: str = DEFAULT_ALPHABET) -> Non
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": 1_000_000,
+        "padding_side": "right",
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    (out_dir / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2))
+
+
+CHATML_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHATML_PAD, IM_START, IM_END = CHATML_SPECIAL_TOKENS
+CHATML_PAD_ID, IM_START_ID, IM_END_ID = range(256, 256 + len(CHATML_SPECIAL_TOKENS))
+CHATML_VOCAB_SIZE = 256 + len(CHATML_SPECIAL_TOKENS)
+
+# Qwen2.5's template without its default system prompt and tool calls: "<|im_start|>{role}\n{content}
+# <|im_end|>\n" per message; add_generation_prompt appends "<|im_start|>assistant\n".
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '" + IM_START + "' + message['role'] + '\n' + message['content'] + '" + IM_END + "' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '" + IM_START + "assistant\n' }}{% endif %}"
+)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte → printable character map, which the ByteLevel pre-tokenizer emits."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    out, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
+
+
+def build_chatml_tokenizer(out_dir: Path, *, model_max_length: int = 32_768) -> None:
+    """Write a byte-level tokenizer with Qwen's ChatML specials and chat template into `out_dir`
+    (tokenizer.json, tokenizer_config.json, special_tokens_map.json); `CHATML_VOCAB_SIZE` ids.
+
+    Token id = byte value for text (a BPE with no merges over the 256 byte symbols), so every
+    string encodes and decodes exactly and a chat's prefixes render as token prefixes.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    vocab = {symbol: byte for byte, symbol in _bytes_to_unicode().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in CHATML_SPECIAL_TOKENS])
+    tok.save(str(out_dir / "tokenizer.json"))
+
+    special_map = {"eos_token": IM_END, "pad_token": CHATML_PAD, "additional_special_tokens": [IM_START]}
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        **special_map,
+        "chat_template": CHATML_TEMPLATE,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": model_max_length,
         "padding_side": "right",
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))

@@ -96,3 +96,36 @@ def test_actors_get_the_run_token_and_the_learner_ca():
     config = load_config(None, ["server.auth_token=t0k", "server.tls_ca_path=/etc/tandem/ca.pem"])
     actor = config.actor_config("/models/x")
     assert (actor.hf_dir, actor.auth_token, actor.tls_ca_path) == ("/models/x", "t0k", "/etc/tandem/ca.pem")
+
+
+def test_data_columns_system_prompt_and_template_are_read_and_listed_in_help(tmp_path):
+    from launch.config import config_help
+
+    path = tmp_path / "c.yaml"
+    path.write_text('data:\n  prompt_field: question\n  answer_field: final\n  completion_field: solution\n'
+                    '  system_prompt: "Be exact."\n  prompt_template: "{prompt}\\nAnswer after ####."\n')
+    data = load_config(path).data
+    assert (data.prompt_field, data.answer_field, data.completion_field) == ("question", "final", "solution")
+    assert (data.system_prompt, data.prompt_template) == ("Be exact.", "{prompt}\nAnswer after ####.")
+    assert data.prompt_messages("1+1?") == [{"role": "system", "content": "Be exact."},
+                                            {"role": "user", "content": "1+1?\nAnswer after ####."}]
+    assert load_config(None).data.prompt_messages("q") == [{"role": "user", "content": "q"}]
+    lines = {line.split()[0]: line for line in config_help().splitlines()}
+    for key, default in [("data.prompt_field", "(prompt)"), ("data.answer_field", "(answer)"),
+                         ("data.completion_field", "(completion)"), ("data.system_prompt", "(null)"),
+                         ("data.prompt_template", "('{prompt}')")]:
+        assert default in lines[key], lines[key]
+
+
+@pytest.mark.parametrize(("template", "why"), [
+    ("Q: {question}", r"it has other fields \['\{question\}'\]"),
+    ("Answer after ####.", "it has no {prompt}"),
+    ("{prompt} and {}", r"it has other fields \['\{\}'\]"),
+    ("{prompt.upper}", r"it has other fields \['\{prompt.upper\}'\]"),
+    ("{prompt} {", "not a valid format string"),
+    ("{prompt:{width}}", "not a valid format string"),
+])
+def test_a_bad_prompt_template_fails_naming_the_key(template, why):
+    with pytest.raises(ConfigError, match=r"'data\.prompt_template': .*" + why):
+        load_config(None, [f"data.prompt_template={json.dumps(template)}"])
+    load_config(None, [f"data.prompt_template={json.dumps('{{literal}} {prompt!s:>3}')}"])  # braces escaped

@@ -16,7 +16,7 @@ from learner.data import (
     sft_example,
     tokenize_rows,
 )
-from models.tokenizer import build_char_tokenizer
+from models.tokenizer import build_char_tokenizer, build_chatml_tokenizer
 
 SEQ, ROWS = 48, 4
 
@@ -92,6 +92,82 @@ def test_sft_truncates_examples_longer_than_a_row(tokenizer, sft_file):
     batch = next(batches)
     assert batches.truncated == 2 and batches.position.index == 2
     assert (batch.segment_ids == 1).all()
+
+
+GSM8K_PAIRS = [
+    {"question": "Natalia sold 48 clips in April and half as many in May. How many in all?",
+     "solution": "48/2 = 24 in May, 48+24 = 72.\n#### 72", "source": "gsm8k"},
+    {"question": "Weng earns $12 an hour. How much for 50 minutes?", "solution": "12/60*50 = 10\n#### 10",
+     "source": "gsm8k"},
+]
+
+
+@pytest.fixture(scope="module")
+def chatml(tmp_path_factory):
+    out = tmp_path_factory.mktemp("chatml")
+    build_chatml_tokenizer(out)
+    return AutoTokenizer.from_pretrained(out)
+
+
+def test_sft_prompt_completion_rows_carry_loss_only_on_the_completion(chatml, tmp_path):
+    source = write_jsonl(tmp_path / "pairs.jsonl", GSM8K_PAIRS)
+    config = DataConfig(kind="sft", source=str(source), seq_len=256, batch_size=2, shuffle=False,
+                        prompt_field="question", completion_field="solution", system_prompt="Be exact.",
+                        prompt_template="{prompt}\nAnswer after ####.")
+    examples = tokenize_rows(load_rows(str(source)), chatml, config)
+    assert len(examples) == 2 and examples.column_names == ["input_ids", "loss_mask"]
+    for example, row in zip(examples, GSM8K_PAIRS, strict=True):
+        ids, mask = example["input_ids"], example["loss_mask"]
+        prefix = (f"<|im_start|>system\nBe exact.<|im_end|>\n<|im_start|>user\n{row['question']}\nAnswer after "
+                  f"####.<|im_end|>\n<|im_start|>assistant\n")
+        assert chatml.decode(ids) == prefix + row["solution"] + "<|im_end|>\n"
+        start = len(chatml.encode(prefix))
+        assert chatml.decode(ids[:start]) == prefix
+        # the mask is exactly the completion, its <|im_end|> and the newline the template closes it with
+        assert mask == [0] * start + [1] * (len(ids) - start)
+        assert chatml.decode(ids[start:]) == row["solution"] + "<|im_end|>\n"
+        assert sum(mask) == len(row["solution"].encode()) + 2
+    # packed: one example per row here, the first token of each is not a target
+    batch = next(make_batches(config, chatml))
+    for row, (ids, mask) in enumerate(zip(examples["input_ids"], examples["loss_mask"], strict=True)):
+        assert batch.input_ids[row, : len(ids)].tolist() == ids
+        assert batch.loss_mask[row, : len(ids)].tolist() == [float(m) for m in mask]
+        assert (batch.loss_mask[row, len(ids):] == 0).all()
+
+
+def test_sft_messages_rows_win_over_prompt_completion_columns_and_take_no_template(chatml, tmp_path):
+    rows = [{"messages": [{"role": "user", "content": "2+2"}, {"role": "assistant", "content": "4"}],
+             "prompt": "unused", "completion": "unused"}]
+    source = write_jsonl(tmp_path / "chats.jsonl", rows)
+    config = DataConfig(kind="sft", source=str(source), seq_len=64, batch_size=1, system_prompt="unused",
+                        prompt_template="Q: {prompt}")
+    (example,) = tokenize_rows(load_rows(str(source)), chatml, config)
+    assert (example["input_ids"], example["loss_mask"]) == sft_example(chatml, rows[0]["messages"])
+    assert chatml.decode(example["input_ids"]) == ("<|im_start|>user\n2+2<|im_end|>\n<|im_start|>assistant\n"
+                                                    "4<|im_end|>\n")
+
+
+def test_sft_rows_of_neither_shape_fail_naming_both(chatml, tmp_path):
+    source = write_jsonl(tmp_path / "gsm8k.jsonl", [{"question": "q", "answer": "a"}])
+    config = DataConfig(kind="sft", source=str(source), seq_len=64, batch_size=1, prompt_field="question")
+    with pytest.raises(ValueError, match=r"'messages' column \(chat messages\) or 'question' and 'completion' "
+                                         r"columns \(prompt/completion pairs\); the data has \['question', 'answer'\]"):
+        make_batches(config, chatml)
+
+
+def test_sft_system_prompt_on_a_template_without_a_system_role_fails_clearly(tokenizer, tmp_path):
+    source = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "1+1", "completion": "2"}])
+    config = DataConfig(kind="sft", source=str(source), seq_len=64, batch_size=1, system_prompt="be brief")
+    with pytest.raises(ValueError, match=r"cannot render roles \['system', 'user', 'assistant'\]"):
+        make_batches(config, tokenizer)
+    config = DataConfig(kind="sft", source=str(source), seq_len=64, batch_size=1, prompt_template="{prompt}=")
+    (example,) = tokenize_rows(load_rows(str(source)), tokenizer, config)  # without one it is fine
+    assert tokenizer.decode(example["input_ids"]) == "<bos><user>1+1=<asst>2<eos>"
+
+
+def test_a_bad_prompt_template_is_refused():
+    with pytest.raises(ValueError, match=r"data\.prompt_template 'Q: \{question\}' must contain the \{prompt\}"):
+        DataConfig(kind="sft", source="x.jsonl", seq_len=8, batch_size=1, prompt_template="Q: {question}")
 
 
 def test_pretrain_packing_streams_documents_across_rows(tokenizer, text_file):

@@ -1,4 +1,4 @@
-"""The offline char tokenizer, read back through transformers.AutoTokenizer (the loader vLLM uses)."""
+"""The offline char and ChatML tokenizers, read back through transformers.AutoTokenizer (the loader vLLM uses)."""
 
 import pytest
 from transformers import AutoTokenizer
@@ -6,12 +6,18 @@ from transformers import AutoTokenizer
 from models.tokenizer import (
     ASST_ID,
     BOS_ID,
+    CHATML_PAD_ID,
+    CHATML_SPECIAL_TOKENS,
+    CHATML_VOCAB_SIZE,
     DEFAULT_ALPHABET,
     EOS_ID,
+    IM_END_ID,
+    IM_START_ID,
     PAD_ID,
     SPECIAL_TOKENS,
     USER_ID,
     build_char_tokenizer,
+    build_chatml_tokenizer,
     vocab_size_for,
 )
 
@@ -68,3 +74,39 @@ def test_bad_alphabets_are_rejected(tmp_path):
     with pytest.raises(ValueError, match="empty"):
         build_char_tokenizer(tmp_path, "")
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+@pytest.fixture(scope="module")
+def chatml(tmp_path_factory):
+    out = tmp_path_factory.mktemp("chatml")
+    build_chatml_tokenizer(out)
+    return AutoTokenizer.from_pretrained(out)
+
+
+def test_chatml_vocab_is_the_256_bytes_then_the_specials(chatml):
+    assert len(chatml) == CHATML_VOCAB_SIZE == 259
+    assert [chatml.convert_tokens_to_ids(s) for s in CHATML_SPECIAL_TOKENS] == [256, 257, 258]
+    assert (chatml.pad_token_id, chatml.eos_token_id, chatml.bos_token_id) == (CHATML_PAD_ID, IM_END_ID, None)
+    assert chatml.pad_token == "<|endoftext|>" and chatml.eos_token == "<|im_end|>"
+    assert (IM_START_ID, IM_END_ID) == (257, 258)
+
+
+@pytest.mark.parametrize("text", ["Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 72", "  two  spaces\t",
+                                  "ünïcödé — 数学 😀", "{prompt}\r\n", ""])
+def test_chatml_encodes_any_text_one_token_per_utf8_byte(chatml, text):
+    ids = chatml.encode(text)
+    assert ids == list(text.encode())  # nothing added implicitly, token id = byte value
+    assert chatml.decode(ids) == text
+
+
+def test_chatml_template_output_is_exact(chatml):
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"},
+            {"role": "assistant", "content": "#### 2"}]
+    assert chatml.apply_chat_template(chat, tokenize=False) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n1+1?<|im_end|>\n"
+        "<|im_start|>assistant\n#### 2<|im_end|>\n")
+    ids = chatml.apply_chat_template(chat[:2], add_generation_prompt=True, return_dict=False)
+    assert ids == [IM_START_ID, *b"system\nBe brief.", IM_END_ID, 10, IM_START_ID, *b"user\n1+1?", IM_END_ID, 10,
+                   IM_START_ID, *b"assistant\n"]
+    assert chatml.decode(ids, skip_special_tokens=True) == "system\nBe brief.\nuser\n1+1?\nassistant\n"
+    assert chatml.encode("<|im_start|>x<|im_end|>") == [IM_START_ID, ord("x"), IM_END_ID]  # specials are atomic

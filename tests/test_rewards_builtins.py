@@ -57,6 +57,11 @@ def test_parse_number_reads_whole_answers_only():
     ("completion", "answer", "expected"),
     [
         ("... #### 72", "Natalia sold ... 48+24 = 72\n#### 72", 1.0),  # GSM8K solution as reference
+        # GSM8K's own answers, calculator annotations included: the number after #### is the reference
+        ("48/2 = 24, 48+24 = 72\n#### 72", "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+                                              "Natalia sold 48+24 = <<48+24=72>>72 clips altogether.\n#### 72", 1.0),
+        ("48/2 = 23, 48+23 = 71\n#### 71", "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+                                              "Natalia sold 48+24 = <<48+24=72>>72 clips altogether.\n#### 72", 0.0),
         (r"\boxed{0.5}", "1/2", 1.0),
         ("the answer is 3.50", 3.5, 1.0),
         ("the answer is 3", 3.5, 0.0),

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> dict:
 
             rollout = config.rollout
             rows = chat_prompt_rows(prepared.train_data, AutoTokenizer.from_pretrained(prepared.model_dir),
-                                    limit=rollout.prompts_per_batch * args.standalone_batches)
+                                    config.data, limit=rollout.prompts_per_batch * args.standalone_batches)
             standalone = measure_backend(
                 "vllm", prepared.model_dir, prompts=[r.prompt_ids for r in rows],
                 group_size=rollout.group_size, max_tokens=rollout.max_tokens, temperature=rollout.temperature,
