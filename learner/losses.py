@@ -150,7 +150,9 @@ def policy_loss(
     Args: logps, behaviour_logps, mask (and ref_logps, learner_old_logps, entropy): [B, T];
       advantages: [B]; norm: `normalizer_for(global_batch_mask)`.
     Returns: (loss, metrics); metrics are global-batch normalised too, so they sum over micro-batches:
-      policy_loss, kl, clip_frac_low, clip_frac_high, ratio_mean, tis_weight_mean, entropy.
+      policy_loss, kl, clip_frac_low, clip_frac_high, ratio_mean, tis_weight_mean, entropy, and
+      behaviour_gap = token-mean |logp − behaviour|: before the update, the training–inference
+      mismatch (learner vs vLLM numerics, bf16) plus staleness, what `tis_cap` corrects.
     """
     mask = jnp.asarray(mask, logps.dtype)
     advantages = jnp.asarray(advantages, logps.dtype)
@@ -189,6 +191,7 @@ def policy_loss(
         "clip_frac_high": token_mean(((ratio > 1.0 + config.epsilon_high) & (adv > 0)).astype(logps.dtype)),
         "ratio_mean": token_mean(ratio),
         "tis_weight_mean": token_mean(weights),
+        "behaviour_gap": token_mean(jnp.abs(logps - behaviour_logps)),
         "entropy": zero if entropy is None else token_mean(entropy),
     }
     return loss, metrics

@@ -14,7 +14,17 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from models.families import ARCHITECTURES, FAMILIES, HF_MODEL_TYPES, hf_param_shapes
-from models.tokenizer import BOS_ID, DEFAULT_ALPHABET, EOS_ID, PAD_ID, build_char_tokenizer, vocab_size_for
+from models.tokenizer import (
+    BOS_ID,
+    CHATML_PAD_ID,
+    DEFAULT_ALPHABET,
+    EOS_ID,
+    IM_END_ID,
+    PAD_ID,
+    build_char_tokenizer,
+    build_chatml_tokenizer,
+    vocab_size_for,
+)
 
 INIT_STD = 0.02
 # Each family's usual rope settings, so the tiny models exercise the same code paths as real ones.
@@ -34,8 +44,10 @@ def _llama3_rope_scaling(max_position_embeddings: int) -> dict[str, Any]:
 
 def tiny_hf_config(*, family: str, vocab_size: int, num_layers: int, hidden_size: int,
                    intermediate_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                   tie_word_embeddings: bool, max_position_embeddings: int) -> dict[str, Any]:
-    """A HF config.json dict for a small model of `family` (special token ids of models.tokenizer)."""
+                   tie_word_embeddings: bool, max_position_embeddings: int,
+                   special_ids: tuple[int, int, int] = (BOS_ID, EOS_ID, PAD_ID)) -> dict[str, Any]:
+    """A HF config.json dict for a model of `family`; `special_ids` are the tokenizer's (bos, eos, pad)
+    (default: the char tokenizer's of models.tokenizer)."""
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; supported: {FAMILIES}")
     if family == "qwen2" and head_dim * num_heads != hidden_size:
@@ -59,9 +71,9 @@ def tiny_hf_config(*, family: str, vocab_size: int, num_layers: int, hidden_size
         "tie_word_embeddings": tie_word_embeddings,
         "attention_dropout": 0.0,
         "use_cache": True,
-        "bos_token_id": BOS_ID,
-        "eos_token_id": EOS_ID,
-        "pad_token_id": PAD_ID,
+        "bos_token_id": special_ids[0],
+        "eos_token_id": special_ids[1],
+        "pad_token_id": special_ids[2],
         "torch_dtype": "float32",
         **_ROPE[family],
     }
@@ -115,5 +127,32 @@ def make_tiny_model(out_dir: Path, *, family: str = "qwen2", alphabet: str = DEF
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     generation = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}
+    (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    return out_dir
+
+
+# Qwen2.5-0.5B(-Instruct)'s shape: 24 layers, width 896, MLP 4864, 14 query heads × 64, 2 KV heads,
+# the 151,936-token vocabulary, tied embeddings (~494M parameters).
+QWEN2_5_0_5B = dict(num_layers=24, hidden_size=896, intermediate_size=4864, num_heads=14, num_kv_heads=2,
+                    head_dim=64, vocab_size=151_936, tie_word_embeddings=True, max_position_embeddings=32_768)
+
+
+def make_chatml_model(out_dir: Path, *, dtype: str = "bfloat16", seed: int = 0, **shape: Any) -> Path:
+    """A Qwen2-family HF dir of a real model's shape (`QWEN2_5_0_5B` updated by `shape`, e.g. fewer
+    layers) with random weights saved in `dtype` and an offline byte-level ChatML tokenizer whose ids
+    span the whole vocabulary (models.tokenizer.build_chatml_tokenizer): what a user's checkpoint looks
+    like to every loader, without a download."""
+    import ml_dtypes
+
+    dims = {**QWEN2_5_0_5B, **shape}
+    out_dir = Path(out_dir)
+    config = tiny_hf_config(family="qwen2", **dims, special_ids=(CHATML_PAD_ID, IM_END_ID, CHATML_PAD_ID))
+    config["torch_dtype"] = dtype
+    target = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}[dtype]
+    weights = {name: array.astype(target) for name, array in random_weights(config, seed).items()}
+    build_chatml_tokenizer(out_dir, vocab_size=dims["vocab_size"])
+    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    generation = {"bos_token_id": CHATML_PAD_ID, "eos_token_id": IM_END_ID, "pad_token_id": CHATML_PAD_ID}
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2))
     return out_dir

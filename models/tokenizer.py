@@ -115,16 +115,24 @@ def _bytes_to_unicode() -> dict[int, str]:
     return out
 
 
-def build_chatml_tokenizer(out_dir: Path, *, model_max_length: int = 32_768) -> None:
+def build_chatml_tokenizer(out_dir: Path, *, model_max_length: int = 32_768,
+                           vocab_size: int = CHATML_VOCAB_SIZE) -> None:
     """Write a byte-level tokenizer with Qwen's ChatML specials and chat template into `out_dir`
-    (tokenizer.json, tokenizer_config.json, special_tokens_map.json); `CHATML_VOCAB_SIZE` ids.
+    (tokenizer.json, tokenizer_config.json, special_tokens_map.json) with `vocab_size` ids.
 
     Token id = byte value for text (a BPE with no merges over the 256 byte symbols), so every
-    string encodes and decodes exactly and a chat's prefixes render as token prefixes.
+    string encodes and decodes exactly and a chat's prefixes render as token prefixes. The specials
+    follow (256-258); a larger `vocab_size` (a real model's, 151,936 for Qwen2.5) fills the ids after
+    them with tokens that text never encodes to and that decode to "<x{id}>", so whatever id a
+    random model of that vocabulary samples detokenizes.
     """
+    if vocab_size < CHATML_VOCAB_SIZE:
+        raise ValueError(f"vocab_size must be >= {CHATML_VOCAB_SIZE}, got {vocab_size}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab = {symbol: byte for byte, symbol in _bytes_to_unicode().items()}
+    vocab.update({token: CHATML_PAD_ID + i for i, token in enumerate(CHATML_SPECIAL_TOKENS)})
+    vocab.update({f"<x{i}>": i for i in range(CHATML_VOCAB_SIZE, vocab_size)})
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()

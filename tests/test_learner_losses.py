@@ -289,6 +289,8 @@ def test_tis_loss_uses_learner_ratio_and_capped_weights():
     )
     np.testing.assert_allclose(loss, (pg * mask).sum() / mask.sum(), rtol=1e-5)
     np.testing.assert_allclose(metrics["tis_weight_mean"], (w * mask).sum() / mask.sum(), rtol=1e-5)
+    np.testing.assert_allclose(metrics["behaviour_gap"], (np.abs(logps - behaviour) * mask).sum() / mask.sum(),
+                               rtol=1e-5)
     assert (np.exp(learner_old - behaviour) > cap).any()  # the cap is active in this case
     # Without learner_old_logps the learner's π_old is sg[π_θ]: ratio 1, weight min(π_θ/π_behaviour, C).
     loss_default, _ = policy_loss(
