@@ -36,6 +36,11 @@ Rows (tandem | baseline | ratio):
              of one generation batch of the demo's shape, over shared memory  |  over the stream
              (tests/benchmarks/bench_weight_paths.py, whose CLI also compares the candidate paths:
              parallel TCP streams, Ray's object store, the digests alone)
+  real       (only with `--only real`) the learner at Qwen2.5-0.5B's shape (151,936 vocabulary, random
+             weights): XLA's memory of one compiled SFT step (24 layers, 8 rows x 256 tokens) in float32
+             and mixed precision, with and without train.remat  |  the analytic floor (weights, grads,
+             AdamW moments, compute copy, remat activations, one logits chunk); SFT step tokens/s at
+             2 layers, mixed  |  float32 (tests/benchmarks/bench_real_shape.py, ~15 min here)
   service    (only with `--only service`) the learner service's admission: groups/s admitted (QUEUED)
              and acks/s (DUPLICATE re-sends) over one loopback StreamGroups call, per wall second and
              per second of the server's CPU time  |  the same with the service code of the commit
@@ -72,7 +77,7 @@ cluster only this node's processes are pinned.
 
 The pieces are importable scripts in tests/benchmarks/: bench_rollout.measure_backend,
 bench_grpo_step.measure, bench_loop.measure_mode, bench_weights.tcp_loopback_bytes_per_s,
-bench_weight_paths.section, bench_service.measure.
+bench_weight_paths.section, bench_service.measure, bench_real_shape.measure.
 """
 
 from __future__ import annotations
@@ -142,7 +147,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--weight-mb", type=float, nargs="+", default=[16, 256, 1024],
                         help="version sizes of the weights rows, MiB (those of 256 and more are also "
                              "applied in vLLM)")
-    parser.add_argument("--only", nargs="+", choices=(*MODEL_SECTIONS, "weights", "service"),
+    parser.add_argument("--only", nargs="+", choices=(*MODEL_SECTIONS, "weights", "service", "real"),
                         help=f"run only these sections (default: {' '.join(MODEL_SECTIONS)})")
     parser.add_argument("--loop-configs", nargs="+", choices=tuple(LOOP_CONFIGS),
                         help="end-to-end configurations to run (default: all; --quick: demo)")
@@ -163,6 +168,13 @@ def rollout_rows(args: argparse.Namespace, sizes: dict, model_dir: Path, config)
     out = {b: measure_backend(b, model_dir, **common) for b in ("vllm", "transformers")}
     out["sizes"] = common
     return out
+
+
+def real_rows() -> dict:
+    """The learner at a real model's shape (bench_real_shape's defaults)."""
+    import bench_real_shape
+
+    return bench_real_shape.measure(bench_real_shape.parse_args([]))
 
 
 def grpo_rows(args: argparse.Namespace, sizes: dict) -> dict:
@@ -300,6 +312,14 @@ def table(results: dict) -> list[tuple[str, float | None, float | None, str]]:
                   v["tunix"]["tokens_per_s"], "tok/s"),
                  (f"learner: GRPO step peak memory ({grpo['peak']}), tandem vs tunix", v["tandem"]["peak_mb"],
                   v["tunix"]["peak_mb"], "MB")]
+    real = results.get("real")
+    if real:
+        layers, rows_, seq = (real["sizes"][k] for k in ("layers", "rows", "seq"))
+        rows += [(f"learner: step memory at Qwen2.5-0.5B shape ({layers} layers, {rows_}x{seq}), {name} vs floor",
+                  row["step_bytes"] / 2**30, row["floor_bytes"] / 2**30, "GiB") for name, row in real["memory"].items()]
+        speed = real["speed"]
+        rows.append((f"learner: SFT step tok/s at real widths ({real['sizes']['speed_layers']} layers), mixed vs "
+                     "float32", speed["mixed"]["tokens_per_s"], speed["float32"]["tokens_per_s"], "tok/s"))
     for name, runs in (loop or {}).items():
         a, s = runs["async"], runs["sync"]
         rows += [(f"end to end ({name}): RL steps/min, async vs sync", a["steps_per_min"], s["steps_per_min"],
@@ -377,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         model_sections(args, sizes, selected, results)
     if "service" in selected:
         run_section(results, "service", lambda: service_rows(args, sizes))
+    if "real" in selected:
+        run_section(results, "real", real_rows)
     results["wall_s"] = time.perf_counter() - started
     rows = table(results)
     results["table"] = [dict(zip(("measure", "tandem", "baseline", "unit"), r, strict=True)) for r in rows]

@@ -36,7 +36,7 @@ def test_pieces_fill_every_row_of_the_table(model_dir):
         assert backend["natural"]["tokens"] > 0 and backend["fixed"]["tokens"] == 2 * 2 * 4  # EOS ignored
     grpo = bench_grpo_step.measure(bench_grpo_step.parse_args(
         ["--vocab", "64", "--batch", "2", "--prompt", "8", "--completion", "8", "--repeats", "1",
-         "--chunk-size", "8"]))
+         "--chunk-tokens", "8"]))
     losses = [v["loss"] for v in grpo["variants"].values()]
     assert max(losses) - min(losses) < 1e-4  # the same step three ways
 
@@ -87,3 +87,19 @@ def test_applied_rows_put_vllms_load_alone_beside_the_whole_update():
     rows = {name: (ours, base) for name, ours, base, _ in bench.table({"weights": weights})}
     assert rows["weights: 1024 MiB published -> applied in vLLM (shared memory) vs raw loopback TCP"] == (1024, 2048)
     assert rows["weights: 1024 MiB vLLM load alone (reload + prefix-cache reset) vs raw loopback TCP"] == (1280, 2048)
+
+
+def test_real_shape_rows_put_each_precisions_step_memory_beside_its_floor():
+    """The real-shape section (minutes of compiling a 24-layer model, too slow here) is read from its
+    parts: XLA's bytes of each precision's step beside its analytic floor, and mixed vs float32 speed."""
+    import bench_real_shape
+
+    gib = 2**30
+    floor = bench_real_shape.floor_bytes(1000, "mixed", layers=2, tokens=10, hidden=4, vocab=50, chunk_tokens=8)
+    assert floor == 4 * 1000 * 4 + 1000 * 2 + 2 * 10 * 4 * 2 + 8 * 50 * 4  # master+grads+m+v, copy, acts, chunk
+    real = {"sizes": {"layers": 24, "rows": 8, "seq": 256, "speed_layers": 2},
+            "memory": {"mixed, remat": {"step_bytes": 9 * gib, "floor_bytes": 6 * gib}},
+            "speed": {"mixed": {"tokens_per_s": 90.0}, "float32": {"tokens_per_s": 60.0}}}
+    rows = {name: (ours, base) for name, ours, base, _ in bench.table({"real": real})}
+    assert rows["learner: step memory at Qwen2.5-0.5B shape (24 layers, 8x256), mixed, remat vs floor"] == (9, 6)
+    assert rows["learner: SFT step tok/s at real widths (2 layers), mixed vs float32"] == (90.0, 60.0)

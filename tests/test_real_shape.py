@@ -29,13 +29,13 @@ import pytest
 from flax import nnx
 
 from launch.config import load_config
+from launch.real_shape import CONFIG, RANDOM_MODEL_REWARD, rl_overrides, write_gsm8k_style_data
 from launch.run import Run, prepare
 from launch.stages import run_mode
 from launch.trainer import build_trainer
 from learner.checkpoint import Checkpointer
 from models.tiny import make_chatml_model
 
-CONFIG = Path(__file__).resolve().parents[1] / "launch" / "configs" / "qwen_gsm8k_gpu.yaml"
 LAYERS = 2
 BEHAVIOUR_GAP_BOUND = 0.05  # token-mean |log π_learner − log π_vLLM| at bf16, nats
 # Sizes only: what the shipped config trains with is kept (dtype, algorithm, learning rate, template).
@@ -43,21 +43,6 @@ SIZES = ["mesh.fsdp=1", "train.steps=2", "train.micro_batches=1", "train.checkpo
          "train.logits_chunk_tokens=1024",
          "data.eval_examples=2", "train.eval_k=2", "train.eval_kv_cache_gib=0.25", "rollout.max_tokens=8",
          "rollout.max_prompt_tokens=192", "rollout.max_model_len=256"]
-
-
-def gsm8k_rows(n: int, seed: int) -> list[dict]:
-    """Rows shaped like openai/gsm8k: a question and a worked answer ending '#### <number>'."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for a, b in rng.integers(2, 99, size=(n, 2)).tolist():
-        rows.append({"question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
-                     "answer": f"He has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} apples.\n#### {a + b}"})
-    return rows
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> str:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return str(path)
 
 
 def stage(mode: str, run_dir: Path, overrides: list[str]) -> dict:
@@ -113,19 +98,13 @@ def assert_first_update_is_adams(result: dict, *, embedding_moved: float) -> Non
 def real_shape(ray_session, tmp_path_factory):
     root = tmp_path_factory.mktemp("real_shape")
     model_dir = make_chatml_model(root / "init", num_layers=LAYERS, dtype="bfloat16", seed=0)
-    rows = gsm8k_rows(64, seed=0)
-    train = write_jsonl(root / "gsm8k_train.jsonl", rows[:48])
-    held_out = write_jsonl(root / "gsm8k_test.jsonl", rows[48:])
-    sft_rows = write_jsonl(root / "sft.jsonl", [{"question": r["question"], "completion": r["answer"]}
-                                                for r in rows[:48]])
-    sft = stage("sft", root / "sft", [f"model.path={model_dir}", f"data.train={sft_rows}",
-                                      f"data.eval={held_out}", "data.seq_len=256", "train.batch_size=2"])
+    data = write_gsm8k_style_data(root / "data")
+    sft = stage("sft", root / "sft", [f"model.path={model_dir}", f"data.train={data['sft']}",
+                                      f"data.eval={data['eval']}", "data.seq_len=256", "train.batch_size=2"])
     rl = stage("rl", root / "rl", [
-        f"model.path={sft['summary']['hf_final']}", f"data.train={train}", f"data.eval={held_out}",
-        "train.prompts_per_step=2", "rollout.prompts_per_batch=2", "rollout.group_size=4", "rollout.num_actors=1",
-        "rollout.num_cpus=1", "rollout.kv_cache_gib=0.25", "rollout.queue_capacity=8", "rewards.num_workers=1",
-        "rewards.functions=[{ref: format_regex, kwargs: {pattern: '^<x1'}}]", "train.skip_no_signal=false",
-        "train.eval_every=0", "server.host=127.0.0.1", "rollout.fleet_name=test-real-shape"])
+        f"model.path={sft['summary']['hf_final']}", f"data.train={data['train']}", f"data.eval={data['eval']}",
+        "rollout.kv_cache_gib=0.25", RANDOM_MODEL_REWARD,
+        *rl_overrides(prompts=2, group_size=4, fleet_name="test-real-shape")])
     return {"sft": sft, "rl": rl}
 
 
@@ -172,3 +151,23 @@ def test_exported_bf16_dir_loads_in_transformers_and_matches_the_learner(real_sh
     # bf16 weights, computed in bf16 (transformers) and float32 (the learner's check): the same model.
     assert np.abs(hf_logits - ours).max() < 0.05 * np.abs(ours).max()
     assert (hf_logits.argmax(-1) == ours.argmax(-1)).mean() >= 0.9
+
+
+def test_the_device_checks_report_reads_the_run(real_shape):
+    """launch/device_check.py's figures, computed from this run (the accelerator run prints the same)."""
+    from launch.device_check import flops_per_token, report
+
+    rl = real_shape["rl"]
+    run_dir = Path(rl["summary"]["hf_final"]).parent
+    hf_config = json.loads((run_dir / "hf_final" / "config.json").read_text())
+    figures = report(run_dir, rl["summary"], hf_config, group_size=4, peak_tflops=1.0)
+    second = rl["metrics"][1]
+    assert figures["behaviour_gap_step1"] == rl["metrics"][0]["behaviour_gap"]
+    assert figures["learner_step_s"] == second["learner_step_s"] and figures["tokens_per_s"] == second["tokens_per_s"]
+    # 2 prompts x 4 completions of at most 192 prompt + 8 new tokens
+    assert 100 < figures["mean_sequence"] <= 200
+    assert figures["mfu"] == pytest.approx(flops_per_token(hf_config, figures["mean_sequence"])
+                                           * second["tokens_per_s"] / 1e12)
+    # 6 FLOPs per matmul parameter dominate: the tied 151,936 x 896 head alone is 136M of them
+    assert flops_per_token(hf_config, 0) > 6 * 151_936 * 896
+    assert figures["publish_s"] > 0 and figures["actor_stall_s"] > 0

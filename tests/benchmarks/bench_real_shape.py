@@ -1,0 +1,174 @@
+"""The learner at a real model's shape: memory per step against the analytic floor, and step speed,
+float32 vs mixed precision (issue 27). Qwen2.5-0.5B's widths, heads and 151,936-token vocabulary,
+random weights (models.tiny.make_chatml_model), an SFT step of the shipped config's kind.
+
+    .venv/bin/python tests/benchmarks/bench_real_shape.py [--layers 24] [--rows 8] [--seq 256]
+        [--speed-layers 2] [--steps 3] [--json out.json]
+
+memory  XLA's own account of the compiled step (memory_analysis: arguments + temporaries, the
+        donated state counted once), for float32 and mixed precision, each with and without
+        train.remat, at `--layers` layers (compiled, not run: the full 24 layers fit no 2-core budget
+        of time). Beside it the analytic floor of that precision: master weights + gradients + AdamW's
+        two moments (+ the bf16 copy the step runs on) + the activations a remat step must keep
+        (each layer's input, in the compute dtype) + one logits chunk (train.logits_chunk_tokens × V
+        fp32). The ratio says how far the step is from what it cannot do without.
+speed   tokens/s of `--steps` timed SFT steps (after one compile step) at `--speed-layers` layers,
+        float32 vs mixed (bf16 compute is ~2× slower than float32 on CPUs without bf16 units; the
+        row is for accelerators).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+PRECISIONS = {"float32": ("float32", None), "mixed": ("float32", "bfloat16")}
+BYTES = {"float32": 4, "bfloat16": 2}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=24, help="decoder layers of the memory rows")
+    parser.add_argument("--speed-layers", type=int, default=2, help="decoder layers of the speed rows")
+    parser.add_argument("--rows", type=int, default=8, help="packed rows per step")
+    parser.add_argument("--seq", type=int, default=256, help="tokens per row")
+    parser.add_argument("--chunk-tokens", type=int, default=2048, help="train.logits_chunk_tokens")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps of the speed rows")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--child", nargs=3, metavar=("MODEL_DIR", "PRECISION", "REMAT"), help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def sft_batch(rows: int, seq: int, vocab: int, seed: int = 0):
+    """One packed SFT batch: every row a single example, loss on its second half."""
+    import numpy as np
+
+    from learner.data import TokenBatch
+
+    ids = np.random.default_rng(seed).integers(0, 256, (rows, seq)).astype(np.int32)
+    loss = np.zeros((rows, seq), np.float32)
+    loss[:, seq // 2:] = 1
+    positions = np.broadcast_to(np.arange(seq, dtype=np.int32), (rows, seq)).copy()
+    ones = np.ones((rows, seq), np.int32)
+    return TokenBatch(ids, ones, loss, ones.copy(), positions)
+
+
+def trainer_for(model_dir: Path, precision: str, *, remat: bool, chunk_tokens: int):
+    from learner.optim import OptimizerConfig
+    from learner.train_step import Trainer
+    from models.jax_model import load_model, make_mesh
+
+    param_dtype, compute_dtype = PRECISIONS[precision]
+    mesh = make_mesh(1, 1)
+    return Trainer(load_model(model_dir, mesh=mesh, dtype=param_dtype), mesh,
+                   OptimizerConfig(learning_rate=1e-6, schedule="constant"), compute_dtype=compute_dtype,
+                   remat=remat, chunk_tokens=chunk_tokens)
+
+
+def floor_bytes(n_params: int, precision: str, *, layers: int, tokens: int, hidden: int, vocab: int,
+                chunk_tokens: int) -> int:
+    """master + grads + AdamW m, v (+ compute copy) + per-layer inputs + one fp32 logits chunk."""
+    param_dtype, compute_dtype = PRECISIONS[precision]
+    master = n_params * BYTES[param_dtype]
+    compute = BYTES[compute_dtype or param_dtype]
+    copy = n_params * compute if compute_dtype else 0
+    return 4 * master + copy + layers * tokens * hidden * compute + min(tokens, chunk_tokens) * vocab * 4
+
+
+def step_memory(model_dir: Path, precision: str, remat: bool, args: argparse.Namespace) -> dict:
+    """XLA's bytes of one compiled SFT step of `precision` (run in a child process: a 24-layer state
+    is ~6-9 GiB, and a process does not hand it back to the next configuration)."""
+    import jax
+    import numpy as np
+
+    from learner.mesh import shard_rows
+    from models.tiny import QWEN2_5_0_5B
+
+    batch = sft_batch(args.rows, args.seq, QWEN2_5_0_5B["vocab_size"])
+    trainer = trainer_for(model_dir, precision, remat=remat, chunk_tokens=args.chunk_tokens)
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(trainer.state.params))
+    started = time.perf_counter()
+    with jax.set_mesh(trainer.mesh):
+        arrays = shard_rows(trainer.mesh, batch._asdict())
+        analysis = trainer._step("ce").lower(trainer.state, arrays, None).compile().memory_analysis()
+    floor = floor_bytes(n_params, precision, layers=args.layers, tokens=args.rows * args.seq,
+                        hidden=QWEN2_5_0_5B["hidden_size"], vocab=QWEN2_5_0_5B["vocab_size"],
+                        chunk_tokens=args.chunk_tokens)
+    return {"params": n_params, "argument_bytes": analysis.argument_size_in_bytes,
+            "temp_bytes": analysis.temp_size_in_bytes,
+            "step_bytes": analysis.argument_size_in_bytes + analysis.temp_size_in_bytes,
+            "floor_bytes": floor, "compile_s": time.perf_counter() - started}
+
+
+def memory_rows(args: argparse.Namespace, tmp: Path) -> dict:
+    from models.tiny import make_chatml_model
+
+    model_dir = make_chatml_model(tmp / f"qwen-{args.layers}", num_layers=args.layers, dtype="bfloat16")
+    out = {}
+    for precision in PRECISIONS:
+        for remat in (False, True):
+            child = subprocess.run(
+                [sys.executable, __file__, "--child", str(model_dir), precision, str(remat),
+                 *(f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+                   if k in ("layers", "rows", "seq", "chunk_tokens"))],
+                capture_output=True, text=True, check=True)
+            row = json.loads(child.stdout.strip().splitlines()[-1])
+            out[f"{precision}{', remat' if remat else ''}"] = row
+            print(f"[real shape] memory {precision} remat={remat}: {row['step_bytes'] / 2**30:.2f} GiB "
+                  f"(floor {row['floor_bytes'] / 2**30:.2f})", file=sys.stderr, flush=True)
+    return out
+
+
+def speed_rows(args: argparse.Namespace, tmp: Path) -> dict:
+    from models.tiny import QWEN2_5_0_5B, make_chatml_model
+
+    model_dir = make_chatml_model(tmp / f"qwen-{args.speed_layers}", num_layers=args.speed_layers,
+                                  dtype="bfloat16")
+    batch = sft_batch(args.rows, args.seq, QWEN2_5_0_5B["vocab_size"])
+    out = {}
+    for precision in PRECISIONS:
+        trainer = trainer_for(model_dir, precision, remat=False, chunk_tokens=args.chunk_tokens)
+        trainer.sft_step(batch)  # compiles
+        started = time.perf_counter()
+        for _ in range(args.steps):
+            trainer.sft_step(batch)
+        seconds = (time.perf_counter() - started) / args.steps
+        out[precision] = {"step_s": seconds, "tokens_per_s": batch.attention_mask.sum() / seconds}
+        print(f"[real shape] speed {precision}: {seconds:.2f} s/step", file=sys.stderr, flush=True)
+        del trainer
+    return out
+
+
+def measure(args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        return {"memory": memory_rows(args, Path(tmp)), "speed": speed_rows(args, Path(tmp)),
+                "sizes": {k: str(v) for k, v in vars(args).items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        model_dir, precision, remat = args.child
+        print(json.dumps(step_memory(Path(model_dir), precision, remat == "True", args)))
+        return 0
+    results = measure(args)
+    for name, row in results["memory"].items():
+        print(f"step memory {name:<16} {row['step_bytes'] / 2**30:7.2f} GiB  floor {row['floor_bytes'] / 2**30:6.2f} "
+              f"GiB  {row['step_bytes'] / row['floor_bytes']:.2f}x")
+    speed = results["speed"]
+    print(f"step tokens/s mixed {speed['mixed']['tokens_per_s']:.0f} vs float32 {speed['float32']['tokens_per_s']:.0f}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
