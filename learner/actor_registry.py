@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from learner.credentials import CredentialMinter, registration_id_of
+from learner.credentials import CredentialMinter, registration_id_of, well_formed
 
 SUPERSEDED_KEPT = 4  # superseded registrations remembered per actor (answered Superseded, not unknown)
 
@@ -30,6 +30,15 @@ class CredentialRefused(Exception):
 
 class UnknownCredential(CredentialRefused):
     """No credential, or one this learner does not know (restarted learner, evicted actor): register."""
+
+
+class MalformedCredential(UnknownCredential):
+    """A credential header no learner could have minted (non-ASCII, over-long, wrong shape): a broken
+    or hostile client. `actor_id` is the id the call claimed ("" when it names none)."""
+
+    def __init__(self, actor_id: str) -> None:
+        super().__init__("malformed credential: register without one, or with the one you were given")
+        self.actor_id = actor_id
 
 
 class Superseded(CredentialRefused):
@@ -128,7 +137,10 @@ class ActorRegistry:
                  presented: str | None) -> Registration:
         """Register `actor_id`, renewing its registration if `presented` is its current credential.
         Raises Superseded if `presented` is one of its superseded credentials (a replaced client must
-        not take the id back), RegistryFull if there is no room."""
+        not take the id back), MalformedCredential if `presented` is not shaped like a credential,
+        RegistryFull if there is no room."""
+        if presented and not well_formed(presented):
+            raise MalformedCredential(actor_id)
         now = self._clock()
         record = self._actors.get(actor_id)
         renewal = False
@@ -159,7 +171,9 @@ class ActorRegistry:
 
     def authenticate(self, credential: str | None, actor_id: str | None = None) -> ActorRecord:
         """The record `credential` currently entitles; with `actor_id`, it must be that actor's.
-        Raises UnknownCredential, Superseded or WrongActor."""
+        Raises UnknownCredential (MalformedCredential for a malformed one), Superseded or WrongActor."""
+        if credential and not well_formed(credential):
+            raise MalformedCredential(actor_id or "")
         registration_id = registration_id_of(credential or "")
         owner = self._by_registration.get(registration_id or "")
         if owner is None or not self._minter.verify(owner, credential):

@@ -5,6 +5,11 @@ A credential reads `<registration id>.<mac>`. The registration id is random and 
 the mac proves that this learner issued it to this actor id, so neither half alone, nor a credential
 issued to another actor, passes `verify`. Which registration is current (so which credentials still
 work) is the actor registry's business; this module only mints and checks.
+
+A credential arrives as a gRPC header, which the server decodes from raw HTTP/2 bytes as UTF-8 or
+Latin-1: any string of any length and characters may be presented. `well_formed` accepts only the
+exact shape this module mints (lowercase hex, one dot, fixed length) and `verify` compares bytes, so
+no presented value makes either raise.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import secrets
 
 REGISTRATION_ID_BYTES = 16
 CREDENTIAL_CHARS = 2 * REGISTRATION_ID_BYTES + 1 + 2 * hashlib.sha256().digest_size
+_HEX = frozenset("0123456789abcdef")
 
 
 class CredentialMinter:
@@ -29,20 +35,35 @@ class CredentialMinter:
         return registration_id, f"{registration_id}.{self._mac(actor_id, registration_id)}"
 
     def verify(self, actor_id: str, credential: str) -> bool:
-        """Whether this learner minted `credential` for `actor_id`."""
+        """Whether this learner minted `credential` for `actor_id`; False, never an exception, for any
+        value at all (non-ASCII, over-long, embedded NUL, not a string)."""
         registration_id = registration_id_of(credential)
         if registration_id is None:
             return False
-        return hmac.compare_digest(credential, f"{registration_id}.{self._mac(actor_id, registration_id)}")
+        expected = f"{registration_id}.{self._mac(actor_id, registration_id)}"
+        # Both are ASCII once well formed; compare bytes anyway, so no text can make compare_digest raise.
+        return hmac.compare_digest(_as_bytes(credential), _as_bytes(expected))
 
     def _mac(self, actor_id: str, registration_id: str) -> str:
-        message = f"{actor_id}\n{registration_id}".encode()
+        message = _as_bytes(f"{actor_id}\n{registration_id}")
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()
 
 
-def registration_id_of(credential: str) -> str | None:
+def well_formed(credential: object) -> bool:
+    """Whether `credential` has the shape of a minted one: `<32 hex>.<64 hex>`, lowercase. Checks the
+    length first, so an over-long value costs nothing."""
+    if not isinstance(credential, str) or len(credential) != CREDENTIAL_CHARS:
+        return False
+    registration_id, dot, mac = credential.partition(".")
+    return (dot == "." and len(registration_id) == 2 * REGISTRATION_ID_BYTES
+            and _HEX.issuperset(registration_id) and _HEX.issuperset(mac))
+
+
+def registration_id_of(credential: object) -> str | None:
     """The registration id a well-formed credential names, else None."""
-    if len(credential) != CREDENTIAL_CHARS:
-        return None
-    registration_id, dot, _ = credential.partition(".")
-    return registration_id if dot and len(registration_id) == 2 * REGISTRATION_ID_BYTES else None
+    return credential.partition(".")[0] if well_formed(credential) else None  # type: ignore[union-attr]
+
+
+def _as_bytes(text: str) -> bytes:
+    """`text` as UTF-8; a lone surrogate (which strict UTF-8 refuses) passes through as bytes."""
+    return text.encode("utf-8", "surrogatepass")

@@ -53,6 +53,7 @@ from learner.actor_registry import (
     ActorRecord,
     ActorRegistry,
     CredentialRefused,
+    MalformedCredential,
     RegistryFull,
     UnknownCredential,
 )
@@ -63,6 +64,7 @@ from learner.group_stream import GroupStream
 from learner.group_validation import CompletionRecord, GroupLimits, GroupRecord
 from learner.late_groups import LateGroupWait
 from learner.lease_budget import RETRY_MIN_S, StepPace
+from learner.log_throttle import KeyedThrottle
 from learner.prompt_source import PromptSource, PromptState
 from learner.schema import ServiceConfig
 from learner.shared_weights import SharedWeightFiles
@@ -91,6 +93,7 @@ log = logging.getLogger(__name__)
 STATE_FORMAT = 1
 MAX_PROMPTS_PER_LEASE = 1024
 WARNING_INTERVAL_S = 10.0  # at most one warning about re-registrations per interval
+MALFORMED_HEADER_LOG_S = 60.0  # at most one warning about malformed credential headers per actor id
 
 
 class WeightsNotHeld(LookupError):
@@ -164,6 +167,7 @@ class LearnerService(rpc.LearnerServicer):
         self._reaper = IdleReaper(cfg.stream_idle_timeout_s, self._reaped)
         self._sinks: dict[str, GroupStream] = {}  # actor_id -> its current group stream
         self._warned_at = -WARNING_INTERVAL_S
+        self._malformed_log = KeyedThrottle(MALFORMED_HEADER_LOG_S)
         self._rules_cache = Rules(GroupLimits(0, cfg.group_size, cfg.vocab_size, cfg.max_prompt_tokens),
                                   cfg.admission.max_staleness)
         self._server: grpc.Server | None = None
@@ -581,6 +585,10 @@ class LearnerService(rpc.LearnerServicer):
 
     def _refuse(self, context: grpc.ServicerContext, method: str, error: Exception) -> None:
         """End a call with the status of `error` (see REFUSALS), counting it."""
+        if isinstance(error, MalformedCredential) and self._malformed_log.allow(error.actor_id[:MAX_ID_CHARS]):
+            log.warning("%s refused a malformed credential header (claimed actor %.64r); at most one such "
+                        "warning per actor per %.0f s, credentials_refused counts them all",
+                        method, error.actor_id, MALFORMED_HEADER_LOG_S)
         for kind, code, counter in REFUSALS:
             if isinstance(error, kind):
                 if counter is not None:

@@ -1,7 +1,8 @@
 """Shared-token authentication for tandem's gRPC servers (the learner's, and each actor's weight relay).
 
 Every RPC must carry the metadata `authorization: Bearer <token>`; anything else is answered
-UNAUTHENTICATED before the servicer runs.
+UNAUTHENTICATED before the servicer runs. The server decodes header bytes as UTF-8 or Latin-1, so the
+presented value may be any text: it is compared as bytes, and only when its length is the token's.
 """
 
 from __future__ import annotations
@@ -30,9 +31,19 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
         if handler is None:
             return None
         presented = dict(handler_call_details.invocation_metadata or ()).get(AUTH_METADATA_KEY, "")
-        if hmac.compare_digest(str(presented).encode(), self._expected):
+        if self.accepts(presented):
             return handler
         return _refusing_like(handler)
+
+    def accepts(self, presented: object) -> bool:
+        """Whether `presented` is `Bearer <token>`; False, never an exception, for any value."""
+        if isinstance(presented, str):
+            if len(presented) > len(self._expected):  # bounded work for an over-long header
+                return False
+            presented = presented.encode("utf-8", "surrogatepass")
+        if not isinstance(presented, bytes):
+            return False
+        return hmac.compare_digest(presented, self._expected)
 
 
 def _refusing_like(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
+import h2.config
+import h2.connection
+import h2.events
 import numpy as np
 import psutil
 from config_helpers import service_config
@@ -221,3 +226,42 @@ def raw_actor(address: str, actor_id: str = "actor-0", **register) -> RawActor:
     actor = RawActor(address, actor_id)
     actor.register(**register)
     return actor
+
+
+def raw_http2_call(address: str, method: str, request: Any, headers: list[tuple[bytes, bytes]],
+                   timeout: float = 10.0) -> dict[bytes, bytes]:
+    """One gRPC call to the Learner service over hand-written HTTP/2 (hyper-h2), so header values can
+    be bytes no grpc-python client will send (non-ASCII UTF-8, Latin-1). Sends `request` as the only
+    message and half-closes; returns the response headers and trailers merged (grpc-status among them)."""
+    host, port = address.rsplit(":", 1)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(
+        client_side=True, header_encoding=None, validate_outbound_headers=False,
+        normalize_outbound_headers=False))
+    received: dict[bytes, bytes] = {}
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        conn.initiate_connection()
+        stream_id = conn.get_next_available_stream_id()
+        conn.send_headers(stream_id, [
+            (b":method", b"POST"), (b":scheme", b"http"), (b":path", f"/tandem.v1.Learner/{method}".encode()),
+            (b":authority", address.encode()), (b"content-type", b"application/grpc"), (b"te", b"trailers"),
+            *headers,
+        ])
+        body = request.SerializeToString()
+        conn.send_data(stream_id, b"\x00" + len(body).to_bytes(4, "big") + body, end_stream=True)
+        sock.sendall(conn.data_to_send())
+        ended = False
+        while not ended:
+            data = sock.recv(65536)
+            if not data:
+                break
+            for event in conn.receive_data(data):
+                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    received.update(dict(event.headers))
+                elif isinstance(event, h2.events.DataReceived):
+                    conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                if isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)) and event.stream_id == stream_id:
+                    ended = True
+            sock.sendall(conn.data_to_send())
+        conn.close_connection()
+        sock.sendall(conn.data_to_send())
+    return received
