@@ -110,3 +110,16 @@ def test_chatml_template_output_is_exact(chatml):
                    IM_START_ID, *b"assistant\n"]
     assert chatml.decode(ids, skip_special_tokens=True) == "system\nBe brief.\nuser\n1+1?\nassistant\n"
     assert chatml.encode("<|im_start|>x<|im_end|>") == [IM_START_ID, ord("x"), IM_END_ID]  # specials are atomic
+
+
+def test_chatml_vocabulary_can_span_a_real_models(tmp_path):
+    """Padded to a model's vocabulary (151,936 for Qwen2.5), every id decodes, text still encodes to
+    byte ids only, and the specials keep their ids."""
+    build_chatml_tokenizer(tmp_path / "wide", vocab_size=1000)
+    wide = AutoTokenizer.from_pretrained(tmp_path / "wide")
+    assert len(wide) == 1000
+    assert [wide.convert_tokens_to_ids(s) for s in CHATML_SPECIAL_TOKENS] == [256, 257, 258]
+    assert wide.decode([259, 999, ord("a")]) == "<x259><x999>a"
+    assert wide.encode("<x999> héllo", add_special_tokens=False) == list("<x999> héllo".encode())
+    with pytest.raises(ValueError, match="vocab_size"):
+        build_chatml_tokenizer(tmp_path / "narrow", vocab_size=CHATML_VOCAB_SIZE - 1)
