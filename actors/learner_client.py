@@ -81,7 +81,7 @@ class RegisterInfo:
 @dataclass(frozen=True)
 class Prompt:
     """A prompt to sample, as leased from the learner: the actor's side of the wire message pb.Prompt
-    (learner.prompt_source.Prompt is the learner's). An evaluator's prompts, never leased, have no key."""
+    (learner.service.prompt_source.Prompt is the learner's). An evaluator's prompts, never leased, have no key."""
 
     prompt_ids: list[int]
     """the tokens to sample from"""

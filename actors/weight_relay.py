@@ -150,7 +150,7 @@ class WeightRelayServer:
 
 def _parse_request(data: bytes) -> pb.RelayRequest:
     """The request; an empty one (refused: no wire version) for bytes that do not parse, since grpcio
-    leaks memory on a raising deserializer (learner/tolerant_handlers.py) and takes None as one."""
+    leaks memory on a raising deserializer (learner/service/tolerant_handlers.py) and takes None as one."""
     try:
         return pb.RelayRequest.FromString(data)
     except Exception:  # any parse failure is a refusal, never a raise

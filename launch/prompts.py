@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from launch.config import ConfigError, DataConfig
 from learner.data import chat_template_ids, load_rows, pretrain_documents
-from learner.prompt_source import Prompt
+from learner.service.prompt_source import Prompt
 
 
 def chat_prompt_rows(path: str, tokenizer, data: DataConfig | None = None, *, split: str = "train",

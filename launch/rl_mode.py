@@ -32,13 +32,13 @@ from launch.rollout_side import open_rollout_side
 from launch.run import Run
 from launch.supervisor import FleetSupervisor
 from launch.trainer import build_trainer
-from learner.accounting import balance_violations
 from learner.checkpoint import Checkpointer
 from learner.mesh import is_leader
 from learner.metrics import MetricsWriter, StepCallback
-from learner.prompt_source import PromptSource
 from learner.rl_loop import RLLoop
-from learner.service import LearnerService
+from learner.service.accounting import balance_violations
+from learner.service.prompt_source import PromptSource
+from learner.service.server import LearnerService
 
 log = logging.getLogger("tandem")
 

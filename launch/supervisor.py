@@ -33,7 +33,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors.stats import GivenUp, NoAnswer
-from learner.service import LearnerService
+from learner.service.server import LearnerService
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from launch.run import Run
+from learner.algo.train_step import Trainer
 from learner.mesh import make_learner_mesh
-from learner.train_step import Trainer
 from models.jax_model import load_model
 
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import orbax.checkpoint as ocp
 
+from learner.algo.train_state import TrainState, abstract_like
 from learner.data import DataPosition
-from learner.train_state import TrainState, abstract_like
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@
 
 Packing: several examples share one row of `seq_len` tokens. Each example is a *segment*
 (`segment_ids` 1, 2, ... per row, 0 = padding) with positions restarting at 0, so a forward that
-honours segments attends only within an example (see learner.train_step for how the model is
+honours segments attends only within an example (see learner.algo.train_step for how the model is
 called). An SFT example never straddles rows (one longer than `seq_len` is truncated); pretrain
 documents are cut at row ends and continue at the start of the next row (usual pretrain packing).
 The first token of every segment is not a target: nothing in its segment precedes it.

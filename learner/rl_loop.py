@@ -35,15 +35,15 @@ from typing import Any
 
 import numpy as np
 
-from learner.advantages import has_signal
+from learner.algo.advantages import has_signal
+from learner.algo.rl_batch import RLBatch, assemble_rl_batch, bucket_for, pow2_buckets
+from learner.algo.train_step import SKIPPED, Trainer
 from learner.checkpoint import Checkpointer
 from learner.guard import JumpDetector
 from learner.metrics import MetricsWriter, StepCallback
 from learner.multihost import RunStopped, StepMessage, exchange, is_multiprocess
-from learner.rl_batch import RLBatch, assemble_rl_batch, bucket_for, pow2_buckets
 from learner.schema import RLLoopConfig
-from learner.service import GroupRecord, LearnerService
-from learner.train_step import SKIPPED, Trainer
+from learner.service.server import GroupRecord, LearnerService
 
 log = logging.getLogger(__name__)
 BATCH_LAYOUT = {name: np.dtype(np.int32 if name in ("input_ids", "attention_mask") else np.float32)

@@ -205,7 +205,7 @@ class ServerConfig(Section):
                                 "sha256 for operators who want a cryptographic hash on every path")
     weight_relay_fanout: int = Field(
         2, ge=0, description="actors off the learner's host that fetch a version relay its chunks to at most this "
-                             "many others (learner/weight_relay.py), so the learner sends each version once; "
+                             "many others (learner/weights/relay.py), so the learner sends each version once; "
                              "0 = every such actor streams it from the learner")
 
 
@@ -249,7 +249,7 @@ class ServiceConfig:
     """the run's `rollout` section, read for its admission keys: staleness, queue, leases, liveness"""
     prompts_per_step: int
     """groups a learner step trains on (B): with admission.max_staleness (η) it bounds the prompts in use to
-    (η + steps + 1)·B (learner/lease_budget.py); 0 = no bound"""
+    (η + steps + 1)·B (learner/service/lease_budget.py); 0 = no bound"""
     group_size: int
     """completions per group; 0 = any number >= 1"""
     max_prompt_tokens: int

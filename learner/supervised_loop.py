@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import time
 
+from learner.algo.train_step import Trainer
 from learner.checkpoint import Checkpointer
 from learner.data import PackedBatches
 from learner.metrics import MetricsWriter, StepCallback
-from learner.train_step import Trainer
 
 
 def run_supervised(trainer: Trainer, batches: PackedBatches, checkpointer: Checkpointer,

@@ -12,8 +12,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from learner.optim import OptimizerConfig
-from learner.rl_batch import RLBatch
+from learner.algo.optim import OptimizerConfig
+from learner.algo.rl_batch import RLBatch
 from models.tiny import make_tiny_model
 
 TINY = dict(num_layers=2, hidden_size=64, intermediate_size=128, num_heads=8, num_kv_heads=8, head_dim=8)

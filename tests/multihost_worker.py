@@ -154,7 +154,7 @@ def fetch_newest(client, checksums: dict[int, str]) -> None:
 
 
 def batch_record(groups) -> list[dict]:
-    """A step's groups whole (learner.group_validation.GroupRecord), for batches.jsonl."""
+    """A step's groups whole (learner.service.group_validation.GroupRecord), for batches.jsonl."""
     return [{"id": g.group_id, "version": g.policy_version,
              "completions": [{"token_ids": c.token_ids, "logprobs": c.logprobs, "text": c.text,
                               "finish_reason": c.finish_reason, "reward": c.reward,

@@ -194,7 +194,7 @@ def final_history(entries: list[dict]) -> dict[int, dict]:
 def check_run(accounting: dict, history: dict[int, dict], steps: int) -> list[str]:
     """Every step trained on P groups, no group id twice in the history, the counters balance;
     returns the consumed ids."""
-    from learner.accounting import balance_violations
+    from learner.service.accounting import balance_violations
 
     assert balance_violations(accounting) == [], (balance_violations(accounting), accounting)
     assert sorted(history) == list(range(1, steps + 1)), sorted(history)
@@ -210,7 +210,7 @@ def check_run(accounting: dict, history: dict[int, dict], steps: int) -> list[st
 
 def drive_learner(run_dir: Path, port: int, steps: int, checkpoint_every: int, hold_at: int = 0) -> None:
     """Serve and train until `steps` (or hold after step `hold_at`); resumes from run_dir's checkpoints."""
-    from learner.accounting import balance_violations
+    from learner.service.accounting import balance_violations
 
     loop = build_learner(tiny_run(run_dir, steps=steps, checkpoint_every=checkpoint_every, port=port))
     loop.start(f"127.0.0.1:{port}")

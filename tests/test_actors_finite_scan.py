@@ -13,7 +13,7 @@ import actors.finite_scan as finite_scan
 from actors.engine import TensorSpec, WeightSetError, validate_weight_set
 from actors.finite_scan import FiniteScan, has_nonfinite
 from actors.weight_staging import stage_weights
-from learner.weight_publisher import pack_weights
+from learner.weights.publisher import pack_weights
 from tandem_wire import pb
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))

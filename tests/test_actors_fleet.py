@@ -16,8 +16,8 @@ from actors_helpers import chat_prompt, make_base_model, wait_for
 from config_helpers import actor_config, service_config
 
 from actors.fleet import set_actor_count, start_named_fleet
-from learner.prompt_source import Prompt, PromptSource
-from learner.service import LearnerService
+from learner.service.prompt_source import Prompt, PromptSource
+from learner.service.server import LearnerService
 from models.tokenizer import vocab_size_for
 from rewards.pool import RewardPool, RewardSpec, WeightedReward
 

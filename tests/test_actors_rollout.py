@@ -24,12 +24,12 @@ from actors_helpers import (
 from config_helpers import actor_config, service_config
 from weight_faults import damaging, flip_a_byte
 
-import learner.service as service_module
+import learner.service.server as service_module
 from actors.fleet import ActorFleet
 from actors.stats import ActorStats
 from launch.config import load_config
-from learner.prompt_source import Prompt, PromptSource
-from learner.service import GroupRecord, LearnerService
+from learner.service.prompt_source import Prompt, PromptSource
+from learner.service.server import GroupRecord, LearnerService
 from models.tokenizer import vocab_size_for
 from rewards.pool import RewardPool, RewardSpec, WeightedReward
 

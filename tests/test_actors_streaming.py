@@ -22,8 +22,8 @@ from actors_helpers import (
 from config_helpers import actor_config, service_config
 
 from actors.rollout_actor import RolloutActor
-from learner.prompt_source import Prompt, PromptSource
-from learner.service import LearnerService
+from learner.service.prompt_source import Prompt, PromptSource
+from learner.service.server import LearnerService
 from models.tokenizer import vocab_size_for
 from rewards.pool import RewardPool, RewardSpec, WeightedReward
 

@@ -1,4 +1,4 @@
-"""The admission table (learner/admission.py) without gRPC: each row of the table with its ack status,
+"""The admission table (learner/service/admission.py) without gRPC: each row of the table with its ack status,
 detail, counters and effect, the checks `examine` makes before it, and who may answer a lease."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 from wire_helpers import make_group
 
 from actors.learner_client import Prompt
-from learner.accounting import COUNTERS
-from learner.admission import (
+from learner.service.accounting import COUNTERS
+from learner.service.admission import (
     OUTCOME_COUNTERS,
     RESTARTED_DETAIL,
     Decision,
@@ -22,9 +22,9 @@ from learner.admission import (
     may_answer,
     prompt_limit,
 )
-from learner.group_validation import GroupLimits, GroupRecord
-from learner.prompt_source import LeaseInfo, PromptState
-from learner.tolerant_handlers import Undecodable
+from learner.service.group_validation import GroupLimits, GroupRecord
+from learner.service.prompt_source import LeaseInfo, PromptState
+from learner.service.tolerant_handlers import Undecodable
 from tandem_wire import pb
 
 PROMPT = [5, 6, 7, 8, 9]

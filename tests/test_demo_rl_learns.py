@@ -27,7 +27,7 @@ from launch.arithmetic import make_arithmetic_data
 from launch.config import load_config
 from launch.run import prepare
 from launch.stages import run_mode
-from learner.accounting import balance_violations
+from learner.service.accounting import balance_violations
 
 CONFIGS = Path(__file__).resolve().parents[1] / "launch" / "configs"
 SEED = 0

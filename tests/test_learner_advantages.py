@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from tunix.rl.grpo import grpo_learner
 
-from learner.advantages import group_advantages
+from learner.algo.advantages import group_advantages
 
 
 def test_equals_tunix_when_every_completion_is_scorable():

@@ -22,10 +22,10 @@ from flax import nnx
 from learner_train_helpers import addition_texts, host_leaves, tiny_model_dir, write_jsonl
 from transformers import AutoTokenizer
 
+from learner.algo.optim import OptimizerConfig
+from learner.algo.train_step import Trainer
 from learner.checkpoint import Checkpointer
 from learner.data import DataConfig, DataPosition, make_batches
-from learner.optim import OptimizerConfig
-from learner.train_step import Trainer
 from models.jax_model import load_model, make_mesh
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The lease budget (learner/lease_budget.py) on a PromptSource with a fake clock, no gRPC: at most
+"""The lease budget (learner/service/lease_budget.py) on a PromptSource with a fake clock, no gRPC: at most
 (η + s + 1)·B prompts in use whatever actors do (hold leases, die, re-lease, get rejected or dropped),
 slots given back by drops and rejections, free re-issues of expired leases, exact restore."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from wire_helpers import FakeClock
 
-from learner.lease_budget import RETRY_MAX_S, RETRY_MIN_S, LeaseBudget, StepPace
-from learner.prompt_source import Prompt, PromptSource, PromptState
+from learner.service.lease_budget import RETRY_MAX_S, RETRY_MIN_S, LeaseBudget, StepPace
+from learner.service.prompt_source import Prompt, PromptSource, PromptState
 
 LEASE_S = 5.0
 

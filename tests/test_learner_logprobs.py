@@ -10,7 +10,7 @@ from flax import nnx
 from test_learner_tiny_model import EOS_ID, PAD_ID, make_batch, tiny_qwen2
 from tunix.rl import common as tunix_common
 
-from learner.logprobs import per_token_logprobs
+from learner.algo.logprobs import per_token_logprobs
 from models.jax_model import forward_logits
 
 

@@ -13,8 +13,8 @@ from test_learner_tiny_model import EOS_ID, PAD_ID, make_batch, tiny_qwen2
 from tunix.rl import common as tunix_common
 from tunix.rl.grpo import dapo_learner, grpo_learner
 
-from learner.logprobs import per_token_logprobs
-from learner.losses import (
+from learner.algo.logprobs import per_token_logprobs
+from learner.algo.losses import (
     AGGREGATIONS,
     LossConfig,
     Normalizer,

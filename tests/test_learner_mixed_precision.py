@@ -20,10 +20,10 @@ from flax import nnx
 from learner_train_helpers import addition_chats, write_jsonl
 from transformers import AutoTokenizer
 
+from learner.algo.losses import normalizer_for
+from learner.algo.optim import OptimizerConfig
+from learner.algo.train_step import Trainer, cast_floating, masked_cross_entropy
 from learner.data import DataConfig, make_batches
-from learner.losses import normalizer_for
-from learner.optim import OptimizerConfig
-from learner.train_step import Trainer, cast_floating, masked_cross_entropy
 from models.jax_model import load_model, make_mesh
 from models.tiny import make_tiny_model
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from learner_train_helpers import host_leaves, random_rl_batch, tiny_model_dir
 
-from learner.optim import OptimizerConfig
-from learner.train_step import Trainer
+from learner.algo.optim import OptimizerConfig
+from learner.algo.train_step import Trainer
 from models.jax_model import load_model, make_mesh
 
 LR = 1e-3

@@ -16,9 +16,9 @@ from reliability_helpers import GROUP_SIZE, PROMPTS_PER_STEP, build_learner, tin
 from wire_helpers import CAPABILITIES
 
 from actors.learner_client import LearnerClient
-from learner.accounting import balance_violations
-from learner.advantages import has_signal
+from learner.algo.advantages import has_signal
 from learner.rl_loop import RLLoop
+from learner.service.accounting import balance_violations
 from tandem_wire import WIRE_VERSION, pb
 
 STEPS = 3

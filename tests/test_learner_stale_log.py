@@ -1,6 +1,6 @@
-"""learner/stale_log.py: each stale drop gets its cause, and the run summary's report counts them."""
+"""learner/service/stale_log.py: each stale drop gets its cause, and the run summary's report counts them."""
 
-from learner.stale_log import EXAMPLES, StaleLog
+from learner.service.stale_log import EXAMPLES, StaleLog
 
 
 def test_each_cause_is_told_apart_and_counted():

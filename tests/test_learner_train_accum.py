@@ -17,9 +17,9 @@ from learner_train_helpers import (
 )
 from transformers import AutoTokenizer
 
+from learner.algo.losses import LossConfig
+from learner.algo.train_step import Trainer
 from learner.data import DataConfig, make_batches
-from learner.losses import LossConfig
-from learner.train_step import Trainer
 from models.jax_model import load_model, make_mesh
 
 # seq-mean-token-mean weighs sequences, token-mean tokens: both need the global normaliser.

@@ -10,7 +10,7 @@ import optax
 import pytest
 from pydantic import ValidationError
 
-from learner.optim import OptimizerConfig, make_optimizer, make_schedule
+from learner.algo.optim import OptimizerConfig, make_optimizer, make_schedule
 
 
 def test_warmup_then_cosine_to_the_floor():

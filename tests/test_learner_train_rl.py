@@ -12,11 +12,11 @@ import pytest
 from flax import nnx
 from learner_train_helpers import tiny_model_dir
 
-from learner.logprobs import per_token_logprobs
-from learner.losses import LossConfig
-from learner.optim import OptimizerConfig
-from learner.rl_batch import assemble_rl_batch, pow2_buckets
-from learner.train_step import Trainer
+from learner.algo.logprobs import per_token_logprobs
+from learner.algo.losses import LossConfig
+from learner.algo.optim import OptimizerConfig
+from learner.algo.rl_batch import assemble_rl_batch, pow2_buckets
+from learner.algo.train_step import Trainer
 from models.jax_model import load_model, make_mesh
 
 PAD = 0

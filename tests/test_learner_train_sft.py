@@ -11,10 +11,10 @@ from flax import nnx
 from learner_train_helpers import addition_chats, addition_texts, tiny_model_dir, write_jsonl
 from transformers import AutoTokenizer
 
+from learner.algo.losses import normalizer_for
+from learner.algo.optim import OptimizerConfig
+from learner.algo.train_step import Trainer, masked_cross_entropy
 from learner.data import DataConfig, make_batches, sft_example
-from learner.losses import normalizer_for
-from learner.optim import OptimizerConfig
-from learner.train_step import Trainer, masked_cross_entropy
 from models.jax_model import forward_logits, load_model, make_mesh
 
 SEQ, ROWS = 64, 8

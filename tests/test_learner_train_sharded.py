@@ -18,8 +18,8 @@ from learner_train_helpers import (
 )
 from transformers import AutoTokenizer
 
+from learner.algo.train_step import Trainer
 from learner.data import DataConfig, make_batches
-from learner.train_step import Trainer
 from models.jax_model import load_model, make_mesh
 
 

@@ -31,7 +31,7 @@ from reliability_helpers import PROMPTS_PER_STEP, check_run, final_history, free
 from safetensors.numpy import load_file
 
 from launch.stages import main_for
-from learner.weight_publisher import pack_weights
+from learner.weights.publisher import pack_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-6
@@ -81,10 +81,10 @@ def params_at(run_dir: Path, step: int) -> dict[str, np.ndarray]:
 
 def export_checksum(model_dir: Path, params: dict[str, np.ndarray], version: int) -> str:
     """sha256 of version `version` exported by one process (8 devices) from the given params."""
+    from learner.algo.optim import OptimizerConfig
+    from learner.algo.train_step import Trainer
     from learner.mesh import make_learner_mesh
-    from learner.optim import OptimizerConfig
     from learner.schema import MeshConfig
-    from learner.train_step import Trainer
     from models.jax_model import load_model
 
     mesh = make_learner_mesh(MeshConfig(fsdp=4, tp=2))

@@ -20,10 +20,10 @@ from ray.exceptions import RayActorError
 from actors.config import RestartPolicy
 from actors.fleet import find_named_fleet, start_named_fleet
 from launch.supervisor import FleetSupervisor
-from learner.losses import LossConfig
-from learner.prompt_source import Prompt, PromptSource
+from learner.algo.losses import LossConfig
 from learner.rl_loop import NoRolloutsError, RLLoop
-from learner.service import LearnerService
+from learner.service.prompt_source import Prompt, PromptSource
+from learner.service.server import LearnerService
 from rewards.pool import RewardPool, RewardSpec, WeightedReward
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -27,10 +27,10 @@ from reliability_helpers import (
 from weight_faults import cut_before_commit, damaging, flip_a_byte
 
 import actors.learner_client as learner_client_module
-import learner.service as service_module
+import learner.service.server as service_module
 from actors.learner_client import LearnerClient, WeightTransferError
 from actors.weight_staging import stage_weights
-from learner.shared_weights import remove_stale_files
+from learner.weights.shared_memory import remove_stale_files
 from tandem_wire.bulk import SHARED_PREFIX, SHM_DIR
 from tandem_wire.digest import hexdigest
 
@@ -107,8 +107,8 @@ import time
 import numpy as np
 from config_helpers import service_config  # tests/ is on this child's path
 
-from learner.prompt_source import Prompt, PromptSource
-from learner.service import LearnerService
+from learner.service.prompt_source import Prompt, PromptSource
+from learner.service.server import LearnerService
 
 service = LearnerService(PromptSource([Prompt([1], "p")]),
                          service_config(weight_chunk_bytes=1 << 20))

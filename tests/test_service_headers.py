@@ -12,9 +12,9 @@ import time
 import grpc
 from wire_helpers import CAPABILITIES, assert_honest_actor_served, raw_actor, raw_http2_call, running_service
 
-from learner.actor_registry import MalformedCredential
-from learner.credentials import CREDENTIAL_CHARS, CredentialMinter
-from learner.log_throttle import KeyedThrottle
+from learner.service.actor_registry import MalformedCredential
+from learner.service.credentials import CREDENTIAL_CHARS, CredentialMinter
+from learner.service.log_throttle import KeyedThrottle
 from tandem_wire import WIRE_VERSION, pb
 from tandem_wire.auth import BearerTokenInterceptor
 from tandem_wire.limits import CREDENTIAL_METADATA_KEY
@@ -66,11 +66,12 @@ def _register(actor_id: str) -> pb.RegisterRequest:
 
 
 def _malformed_warnings(caplog) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "learner.service" and "malformed credential" in r.getMessage()]
+    return [r for r in caplog.records
+            if r.name == "learner.service.server" and "malformed credential" in r.getMessage()]
 
 
 def test_a_non_ascii_credential_over_raw_http2_is_unauthenticated_counted_and_logged_once_per_actor(caplog):
-    caplog.set_level(logging.WARNING, logger="learner.service")
+    caplog.set_level(logging.WARNING, logger="learner.service.server")
     with running_service() as (service, address):
         a = raw_actor(address, "a")
         registration_id = a.credential.partition(".")[0]
@@ -102,7 +103,7 @@ def test_a_non_ascii_credential_over_raw_http2_is_unauthenticated_counted_and_lo
 
 
 def test_register_of_an_existing_id_with_a_malformed_credential_is_refused_and_keeps_the_registration(caplog):
-    caplog.set_level(logging.WARNING, logger="learner.service")
+    caplog.set_level(logging.WARNING, logger="learner.service.server")
     with running_service() as (service, address):
         a = raw_actor(address, "a")
         for _ in range(5):  # needs only the run token: no credential of a's
@@ -128,7 +129,7 @@ def test_a_non_ascii_run_token_over_raw_http2_is_unauthenticated():
 
 
 def test_the_registry_raises_malformed_credential_naming_the_claimed_actor():
-    from learner.actor_registry import ActorRegistry, Capabilities
+    from learner.service.actor_registry import ActorRegistry, Capabilities
     registry = ActorRegistry(max_actors=4, actor_timeout_s=30)
     registry.register("a", Capabilities("test", "qwen2", 128, 4, "localhost"), 0, presented=None)
     for call in (lambda: registry.authenticate("é" * CREDENTIAL_CHARS, "a"),

@@ -28,9 +28,9 @@ from wire_helpers import (
     wire_accounting,
 )
 
-import learner.service as service_module
-from learner.accounting import balance_violations
-from learner.prompt_source import PromptSource
+import learner.service.server as service_module
+from learner.service.accounting import balance_violations
+from learner.service.prompt_source import PromptSource
 from tandem_wire import WIRE_VERSION, pb
 from tandem_wire.limits import MAX_ACK_DETAIL_CHARS, MAX_ID_CHARS
 
@@ -106,7 +106,7 @@ def test_3_a_5000_digit_group_id_and_an_unexpected_exception_each_get_a_counted_
             return real_decide(record, *args)
 
         monkeypatch.setattr(service_module, "decide", decide)
-        with caplog.at_level(logging.WARNING, logger="learner.service"):
+        with caplog.at_level(logging.WARNING, logger="learner.service.server"):
             acks = actor.exchange([huge, boom, make_group(leases[0], actor.actor_id)])  # stream goes on
         assert [(a.status, a.detail) for a in acks] == [
             (pb.ACK_STATUS_INVALID, f"group_id has {len(huge.group_id)} characters > {MAX_ID_CHARS}"),

@@ -21,8 +21,8 @@ from wire_helpers import (
     running_service,
 )
 
-from learner.accounting import balance_violations
-from learner.prompt_source import PromptSource
+from learner.service.accounting import balance_violations
+from learner.service.prompt_source import PromptSource
 from tandem_wire import WIRE_VERSION, pb
 
 

@@ -9,9 +9,9 @@ import threading
 import numpy as np
 from wire_helpers import connected_client, make_group, make_prompts, running_service, wait_until
 
-from learner.accounting import balance_violations
-from learner.lease_budget import RETRY_MAX_S, RETRY_MIN_S
-from learner.prompt_source import PromptSource
+from learner.service.accounting import balance_violations
+from learner.service.lease_budget import RETRY_MAX_S, RETRY_MIN_S
+from learner.service.prompt_source import PromptSource
 from tandem_wire import WIRE_VERSION, pb
 
 B, ETA = 4, 1

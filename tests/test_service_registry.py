@@ -10,8 +10,8 @@ import time
 import pytest
 from wire_helpers import FakeClock
 
-from learner import request_checks
-from learner.actor_registry import (
+from learner.service import request_checks
+from learner.service.actor_registry import (
     ActorRegistry,
     Capabilities,
     RegistryFull,
@@ -19,9 +19,9 @@ from learner.actor_registry import (
     UnknownCredential,
     WrongActor,
 )
-from learner.call_limits import AtCapacity, CallSlots
-from learner.credentials import CredentialMinter, registration_id_of
-from learner.weight_versions import NO_VERSION, UnknownWeightVersion, WeightVersions
+from learner.service.call_limits import AtCapacity, CallSlots
+from learner.service.credentials import CredentialMinter, registration_id_of
+from learner.weights.versions import NO_VERSION, UnknownWeightVersion, WeightVersions
 from learner.wire_bounds import InvalidInput, check_metadata
 from tandem_wire import WIRE_VERSION, pb
 from tandem_wire.idle import IdleReaper

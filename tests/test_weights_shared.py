@@ -18,7 +18,7 @@ import pytest
 from wire_helpers import connected_client, running_service, wait_until
 
 from actors.weight_staging import WeightTransferError, stage_weights
-from learner.shared_weights import STALE_NAME, SharedWeightFiles, remove_stale_files
+from learner.weights.shared_memory import STALE_NAME, SharedWeightFiles, remove_stale_files
 from tandem_wire import WIRE_VERSION, pb, rpc
 from tandem_wire.bulk import SHARED_PREFIX, SHM_DIR
 from tandem_wire.digest import hexdigest

@@ -10,7 +10,7 @@ import grpc
 import numpy as np
 from wire_helpers import CAPABILITIES, make_group, raw_actor, server_process, wire_accounting
 
-from learner.accounting import balance_violations
+from learner.service.accounting import balance_violations
 from tandem_wire import WIRE_VERSION, grpc_options, pb
 
 MAX_GROUP_BYTES = 4 * 1024 * 1024

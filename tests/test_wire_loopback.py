@@ -26,9 +26,9 @@ from wire_helpers import (
 )
 
 from actors.learner_client import LearnerClient, LeaseReply, WeightTransferError
-from learner.accounting import balance_violations
-from learner.prompt_source import PromptSource
-from learner.service import LearnerService
+from learner.service.accounting import balance_violations
+from learner.service.prompt_source import PromptSource
+from learner.service.server import LearnerService
 from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
 
 

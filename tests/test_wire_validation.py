@@ -22,9 +22,9 @@ from wire_helpers import (
     wait_until,
 )
 
-from learner.accounting import balance_violations
-from learner.prompt_source import PromptSource
-from learner.service import LearnerService
+from learner.service.accounting import balance_violations
+from learner.service.prompt_source import PromptSource
+from learner.service.server import LearnerService
 from tandem_wire import pb
 
 MAX_PROMPT_TOKENS = 8

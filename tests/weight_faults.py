@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from learner.weight_publisher import WeightBlob
+from learner.weights.publisher import WeightBlob
 from tandem_wire import pb
 
 
@@ -32,8 +32,8 @@ def cut_before_commit(blob: WeightBlob) -> WeightBlob:
 
 
 def damaging(real_pack, damage: dict[int, object]):
-    """`real_pack` (learner.weight_publisher.pack_weights) with `damage[version](blob)` applied to
-    the versions named, for monkeypatching learner.service.pack_weights."""
+    """`real_pack` (learner.weights.publisher.pack_weights) with `damage[version](blob)` applied to
+    the versions named, for monkeypatching learner.service.server.pack_weights."""
     def pack(version, *args, **kwargs):
         blob = real_pack(version, *args, **kwargs)
         return damage[version](blob) if version in damage else blob

@@ -22,10 +22,10 @@ import psutil
 from config_helpers import service_config
 
 from actors.learner_client import LearnerClient, Prompt
-from learner import prompt_source
-from learner.accounting import balance_violations
-from learner.prompt_source import PromptSource
-from learner.service import LearnerService
+from learner.service import prompt_source
+from learner.service.accounting import balance_violations
+from learner.service.prompt_source import PromptSource
+from learner.service.server import LearnerService
 from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
 from tandem_wire.limits import CREDENTIAL_METADATA_KEY
 
@@ -148,9 +148,9 @@ SERVER_SCRIPT = """
 import json, sys
 sys.path[:0] = [{root!r}, {tests!r}]
 from wire_helpers import make_prompts
-from learner.prompt_source import PromptSource
+from learner.service.prompt_source import PromptSource
 from config_helpers import service_config
-from learner.service import LearnerService
+from learner.service.server import LearnerService
 service = LearnerService(PromptSource(make_prompts(64), epochs=None), service_config(**json.loads(sys.argv[1])))
 print(service.start("127.0.0.1:0"), flush=True)
 sys.stdin.read()

@@ -3,7 +3,7 @@
 Variants, on the same model (qwen2 family loaded from a random HF dir by models.jax_model), batch,
 behaviour/reference logprobs and advantages:
   tunix            tunix.rl.grpo.grpo_learner.grpo_loss_fn (full [B, T, V] logits)
-  tandem           learner.logprobs.per_token_logprobs (chunk_tokens) + learner.losses.policy_loss
+  tandem           learner.algo.logprobs.per_token_logprobs (chunk_tokens) + learner.algo.losses.policy_loss
   tandem-unchunked the same with chunk_tokens=None
 Memory: each variant runs once in its own subprocess, so its peak is its own: XLA's compiled temp
 buffer size (memory_analysis) and the measured peak, the device's peak_bytes_in_use where the
@@ -97,8 +97,8 @@ def step_function(variant: str, model, data: dict, chunk_tokens: int):
         def loss(s):
             return grpo_learner.grpo_loss_fn(nnx.merge(graphdef, s), example, config, PAD_ID, EOS_ID)[0]
     else:
-        from learner.logprobs import per_token_logprobs
-        from learner.losses import LossConfig, normalizer_for, policy_loss
+        from learner.algo.logprobs import per_token_logprobs
+        from learner.algo.losses import LossConfig, normalizer_for, policy_loss
 
         config = LossConfig(algorithm="grpo", aggregation="token-mean", **LOSS)
         ids = jnp.concatenate([d["prompt_ids"], d["completion_ids"]], 1)

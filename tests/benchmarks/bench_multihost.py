@@ -38,13 +38,13 @@ def worker(model_dir: str, scale: int, steps: int, num_processes: int, process_i
     import jax
     import numpy as np
 
+    from learner.algo.rl_batch import RLBatch
+    from learner.algo.train_step import Trainer
     from learner.mesh import init_distributed, is_leader, make_learner_mesh
     from learner.multihost import StepMessage, exchange
-    from learner.rl_batch import RLBatch
     from learner.rl_loop import BATCH_LAYOUT
     from learner.schema import DistributedConfig, MeshConfig, OptimizerConfig
-    from learner.train_step import Trainer
-    from learner.weight_publisher import pack_weights
+    from learner.weights.publisher import pack_weights
     from models.jax_model import load_model
 
     if num_processes > 1:

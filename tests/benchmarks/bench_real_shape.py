@@ -62,8 +62,8 @@ def sft_batch(rows: int, seq: int, vocab: int, seed: int = 0):
 
 
 def trainer_for(model_dir: Path, precision: str, *, remat: bool, chunk_tokens: int):
-    from learner.optim import OptimizerConfig
-    from learner.train_step import Trainer
+    from learner.algo.optim import OptimizerConfig
+    from learner.algo.train_step import Trainer
     from models.jax_model import load_model, make_mesh
 
     param_dtype, compute_dtype = PRECISIONS[precision]

@@ -55,9 +55,9 @@ SERVER = """
 import dataclasses, json, sys
 config = json.loads(sys.argv[1])
 sys.path.insert(0, config.pop("root"))
-from learner.service import LearnerService, ServiceConfig  # both trees have the name here
-from learner import prompt_source
-from learner.prompt_source import PromptSource
+from learner.service.server import LearnerService, ServiceConfig  # both trees have the name here
+from learner.service import prompt_source
+from learner.service.prompt_source import PromptSource
 prompt_tokens, queue_capacity = config.pop("prompt_tokens"), config["queue_capacity"]
 if "server" in ServiceConfig.__dataclass_fields__:  # this tree: the server and admission sections
     from learner.schema import AdmissionSettings, ServerConfig

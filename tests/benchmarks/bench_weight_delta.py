@@ -49,7 +49,7 @@ def main() -> int:
     from launch.run import setup_process
 
     setup_process()
-    import learner.service as service_module
+    import learner.service.server as service_module
     from launch.stages import main_for
 
     steps: list[dict[str, dict[str, float]]] = []

@@ -4,7 +4,7 @@ A group is in exactly one place: the queue (waiting for a batch), or the batch h
 trainer (waiting for mark_consumed). Not thread-safe: the service calls it under its own lock.
 
 Batches take the groups of the oldest policy version first (arrival order among equals). The lease
-budget (learner/lease_budget.py) bounds how many prompts are in use, not the order they come back
+budget (learner/service/lease_budget.py) bounds how many prompts are in use, not the order they come back
 in: with first-in-first-out, an actor a step behind its peer had its groups overtaken by newer ones
 and aged past the staleness bound in the queue (CI: 6 groups of version 7 dropped at dequeue at
 latest 9, η = 1). Oldest first, a group can only be overtaken by groups at least as old, and the
@@ -17,7 +17,7 @@ import heapq
 import itertools
 from collections import Counter
 
-from learner.group_validation import GroupRecord
+from learner.service.group_validation import GroupRecord
 
 
 def is_stale(policy_version: int, latest_version: int, max_staleness: int) -> bool:

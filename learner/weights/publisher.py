@@ -5,7 +5,7 @@ every tensor in place) described by a WeightHeader of TensorSpecs, with the dige
 kind, tandem_wire.digest, named in the header: blake3 unless the server's config says sha256).
 The whole FetchWeights stream of a version (header, chunks, commit) is serialised once, at
 publish time, so serving it to each actor copies nothing in Python; the blob itself is not kept in
-the process. With a `share` writer (learner/shared_weights.py) the blob is also written once into
+the process. With a `share` writer (learner/weights/shared_memory.py) the blob is also written once into
 shared memory, and a second, tiny stream (header, SharedWeights, commit) serves same-host actors;
 the SharedWeights carries the file's own digest (xxh3_128 by default: tandem_wire.digest says why).
 The newest version is kept, and an older one only while a stream still reads it.

@@ -51,7 +51,7 @@ class GroupRecord:
 
     @property
     def tokens(self) -> int:
-        """Completion tokens in the group (the unit of the token ledger, learner/accounting.py)."""
+        """Completion tokens in the group (the unit of the token ledger, learner/service/accounting.py)."""
         return sum(len(c.token_ids) for c in self.completions)
 
 

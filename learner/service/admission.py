@@ -6,7 +6,7 @@ knows of its prompt and the run's rules, and returns the ack's status and detail
 change and the one effect on the learner's state (queue the group, retire or release its prompt).
 Neither reads nor changes anything else, so every row of the table is unit-tested without gRPC
 (tests/test_admission.py); the servicer applies a Decision's effect and counters together under its
-lock, so every snapshot of the counters balances (learner/accounting.py).
+lock, so every snapshot of the counters balances (learner/service/accounting.py).
 
 The rows of `decide`, in order:
 
@@ -30,14 +30,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from learner.group_queue import is_stale
-from learner.group_validation import GroupLimits, GroupRecord, parse_group
-from learner.prompt_source import LeaseInfo, PromptState
-from learner.tolerant_handlers import Undecodable
+from learner.service.group_queue import is_stale
+from learner.service.group_validation import GroupLimits, GroupRecord, parse_group
+from learner.service.prompt_source import LeaseInfo, PromptState
+from learner.service.tolerant_handlers import Undecodable
 from learner.wire_bounds import InvalidInput, shown
 from tandem_wire import pb
 
-# The counter each status adds to, besides groups_received (the balance of learner/accounting.py).
+# The counter each status adds to, besides groups_received (the balance of learner/service/accounting.py).
 OUTCOME_COUNTERS = MappingProxyType({
     pb.ACK_STATUS_QUEUED: "groups_queued",
     pb.ACK_STATUS_CONSUMED: "prompts_too_long",

@@ -1,7 +1,7 @@
 """The learner's gRPC server (tandem_wire `Learner` service) and the trainer-facing API.
 
 Actors register, heartbeat, lease prompts from the learner's PromptSource (at most as many as the
-lease budget allows: (max_staleness + step + 1)·prompts_per_step in use, learner/lease_budget.py; an
+lease budget allows: (max_staleness + step + 1)·prompts_per_step in use, learner/service/lease_budget.py; an
 actor refused for lack of budget gets a hint for when to ask again), stream scored groups
 (answered per group with QUEUED / DUPLICATE / STALE / INVALID / RETRY plus credits, and later with
 CONSUMED), and pull versioned weights as a chunked stream ending in a checksummed commit.
@@ -16,17 +16,17 @@ After load_state_dict() the trainer should publish its restored weights again (t
 version number is allowed once) so that actors can fetch them.
 
 Who may do what: every call needs the run's shared token when one is set (tandem_wire/auth.py).
-Register returns the actor's own credential (learner/actor_registry.py); Heartbeat, LeasePrompts,
+Register returns the actor's own credential (learner/service/actor_registry.py); Heartbeat, LeasePrompts,
 StreamGroups and ReportWeights must carry it and may only act as that actor. FetchWeights and
 Status only read. Every field is checked against its documented bound at the door
-(learner/request_checks.py, learner/group_validation.py), and what each group gets is the
-admission table's decision (learner/admission.py): the servicer decodes, asks, applies, encodes.
+(learner/service/request_checks.py, learner/service/group_validation.py), and what each group gets is the
+admission table's decision (learner/service/admission.py): the servicer decodes, asks, applies, encodes.
 
 Threads: gRPC runs each call on one pool of max_streams + max_weight_streams + unary_workers
 workers. Group streams (at most max_streams, max_streams_per_actor per actor) and weight streams
 (at most max_weight_streams) hold a worker each for their lifetime; a call past a cap is refused
 RESOURCE_EXHAUSTED at once, so `unary_workers` always remain for the short calls. A group stream
-also has a reader thread (learner/group_stream.py). Long calls without progress for
+also has a reader thread (learner/service/group_stream.py). Long calls without progress for
 stream_idle_timeout_s are cancelled. All shared state is guarded by one condition variable.
 """
 
@@ -47,9 +47,10 @@ from typing import Any
 import grpc
 import numpy as np
 
-from learner import request_checks
-from learner.accounting import Accounting, balance_violations, with_tokens
-from learner.actor_registry import (
+from learner.schema import ServiceConfig
+from learner.service import request_checks
+from learner.service.accounting import Accounting, balance_violations, with_tokens
+from learner.service.actor_registry import (
     ActorRecord,
     ActorRegistry,
     CredentialRefused,
@@ -57,22 +58,21 @@ from learner.actor_registry import (
     RegistryFull,
     UnknownCredential,
 )
-from learner.admission import Decision, Effect, PromptFacts, Rules, Sender, decide, examine, internal_error
-from learner.call_limits import AtCapacity, CallSlots
-from learner.group_queue import GroupQueue, is_stale
-from learner.group_stream import GroupStream
-from learner.group_validation import CompletionRecord, GroupLimits, GroupRecord
-from learner.late_groups import LateGroupWait
-from learner.lease_budget import RETRY_MIN_S, StepPace
-from learner.log_throttle import KeyedThrottle
-from learner.prompt_source import PromptSource, PromptState
-from learner.schema import ServiceConfig
-from learner.shared_weights import SharedWeightFiles
-from learner.stale_log import StaleLog
-from learner.tolerant_handlers import Undecodable, add_tolerant_learner_servicer
-from learner.weight_publisher import WeightBlob, WeightPublisher, pack_weights
-from learner.weight_relay import RelayTree
-from learner.weight_versions import UnknownWeightVersion, WeightVersions
+from learner.service.admission import Decision, Effect, PromptFacts, Rules, Sender, decide, examine, internal_error
+from learner.service.call_limits import AtCapacity, CallSlots
+from learner.service.group_queue import GroupQueue, is_stale
+from learner.service.group_stream import GroupStream
+from learner.service.group_validation import CompletionRecord, GroupLimits, GroupRecord
+from learner.service.late_groups import LateGroupWait
+from learner.service.lease_budget import RETRY_MIN_S, StepPace
+from learner.service.log_throttle import KeyedThrottle
+from learner.service.prompt_source import PromptSource, PromptState
+from learner.service.stale_log import StaleLog
+from learner.service.tolerant_handlers import Undecodable, add_tolerant_learner_servicer
+from learner.weights.publisher import WeightBlob, WeightPublisher, pack_weights
+from learner.weights.relay import RelayTree
+from learner.weights.shared_memory import SharedWeightFiles
+from learner.weights.versions import UnknownWeightVersion, WeightVersions
 from learner.wire_bounds import InvalidInput, check_int, check_text
 from tandem_wire import grpc_options, pb, rpc
 from tandem_wire.auth import BearerTokenInterceptor
@@ -147,12 +147,12 @@ class LearnerService(rpc.LearnerServicer):
         self._cond = threading.Condition(threading.RLock())
         self._queue = GroupQueue(cfg.admission.queue_capacity)
         self._accounting = Accounting()
-        # Same-host actors read each version from one shared-memory file (learner/shared_weights.py).
+        # Same-host actors read each version from one shared-memory file (learner/weights/shared_memory.py).
         self._shared = SharedWeightFiles() if cfg.server.weight_shared_memory else None
         if self._shared is not None and not self._shared.domain:
             self._shared = None
         self._weights = WeightPublisher(on_drop=lambda weights: self._unshare(weights.version))
-        # Actors off this host relay each version to each other (learner/weight_relay.py).
+        # Actors off this host relay each version to each other (learner/weights/relay.py).
         fanout = cfg.server.weight_relay_fanout
         self._relays = RelayTree(fanout) if fanout else None
         self._versions = WeightVersions()
@@ -235,7 +235,7 @@ class LearnerService(rpc.LearnerServicer):
         """Block until `num_groups` fresh groups are queued (or `timeout` passes / the service stops)
         and hand them out, oldest policy version first; groups gone stale while queued are dropped
         (STALE ack, prompt re-leased). While a group leased η versions ago is still being sampled, no
-        group is taken: it would go stale when this step publishes (learner/late_groups.py). The
+        group is taken: it would go stale when this step publishes (learner/service/late_groups.py). The
         groups stay 'in batch' until mark_consumed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         batch: list[GroupRecord] = []
@@ -339,7 +339,7 @@ class LearnerService(rpc.LearnerServicer):
             return self._latest_version
 
     def accounting(self) -> dict[str, int]:
-        """All counters (see learner/accounting.py for the invariants they satisfy)."""
+        """All counters (see learner/service/accounting.py for the invariants they satisfy)."""
         with self._cond:
             counts = self._accounting.snapshot()
             counts.update(self._prompts.counts())
@@ -352,7 +352,7 @@ class LearnerService(rpc.LearnerServicer):
 
     def stale_report(self) -> dict[str, Any]:
         """Why groups were dropped as stale in this process: counts by cause and the latest few
-        (learner/stale_log.py)."""
+        (learner/service/stale_log.py)."""
         with self._cond:
             return {**self._stale.report(), "late_group_wait": self._late.report()}
 
@@ -615,7 +615,7 @@ class LearnerService(rpc.LearnerServicer):
 
     def _admit(self, actor_id: str, incarnation: int, msg: pb.ScoredGroup | Undecodable,
                stream: GroupStream) -> pb.GroupAck:
-        """Decide one group's fate (learner/admission.py) and apply it. Raises CredentialRefused when
+        """Decide one group's fate (learner/service/admission.py) and apply it. Raises CredentialRefused when
         the stream's registration ended; any other exception becomes a counted INVALID."""
         with self._cond:
             sender = self._sender(self._registry.current(actor_id, incarnation))

@@ -7,7 +7,7 @@ Notation (all per token t of completion i, masked by m_it ∈ {0, 1}):
     logp_it   log π_θ(y_it | ·)             current policy (carries the gradient)
     old_it    log π_old(y_it | ·)            behaviour policy: what the actors sampled with
     ref_it    log π_ref(y_it | ·)            frozen reference (only needed when β > 0)
-    A_i       sequence advantage (learner.advantages)
+    A_i       sequence advantage (learner.algo.advantages)
 
 Micro-batching: every loss is a *sum* over its tokens divided by normalisers of the **global**
 batch (`Normalizer`, computed once from the whole batch's mask by `normalizer_for`). Hence the sum

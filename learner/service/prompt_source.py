@@ -6,7 +6,7 @@ group sampled from it. A prompt is issued in a seeded shuffled order, leased to 
 and retired for good when its group is consumed (or the actor rejected it as too long). Because
 a re-issued prompt keeps its key, a late copy of its group is recognised as a duplicate.
 
-How many prompts may be in use at once is the lease budget's (learner/lease_budget.py): each
+How many prompts may be in use at once is the lease budget's (learner/service/lease_budget.py): each
 outstanding prompt holds one slot unless its group was dropped (then the re-issue takes a new one),
 a consumed prompt keeps its slot, a rejected or untrained one gives it back. An expired lease keeps
 its slot until it is re-issued, so re-issuing it needs no allowance and a dead actor's prompts are
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from learner.lease_budget import LeaseBudget
+from learner.service.lease_budget import LeaseBudget
 
 STATE_FORMAT = 2
 MAX_EARLIER_HOLDERS = 8  # per outstanding prompt; a late copy from an older holder is refused
@@ -122,7 +122,7 @@ class PromptSource:
 
     def limit_leases(self, prompts_per_step: int, max_staleness: int) -> None:
         """Bound the slots in use to (max_staleness + step + 1)·prompts_per_step from now on
-        (learner/lease_budget.py); the learner service calls it with its config."""
+        (learner/service/lease_budget.py); the learner service calls it with its config."""
         with self._lock:
             self._budget = replace(self._budget, prompts_per_step=prompts_per_step, max_staleness=max_staleness)
 

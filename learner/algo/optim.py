@@ -2,7 +2,7 @@
 
 Gradient accumulation is not an optax wrapper here: the train step sums the gradients of k
 micro-batch losses (each already divided by the *global* batch normaliser, so their sum is the
-full-batch gradient) and applies one update (see learner.train_step). optax.MultiSteps would
+full-batch gradient) and applies one update (see learner.algo.train_step). optax.MultiSteps would
 average per-micro-batch means instead, which is wrong for token-mean losses with uneven counts.
 """
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from learner.actor_registry import Capabilities, TimeShares
-from learner.weight_versions import NO_VERSION
+from learner.service.actor_registry import Capabilities, TimeShares
+from learner.weights.versions import NO_VERSION
 from learner.wire_bounds import InvalidInput, check_fraction, check_int, check_nonnegative, check_text
 from tandem_wire import WIRE_VERSION, pb
 from tandem_wire.limits import (

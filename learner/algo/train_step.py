@@ -12,7 +12,7 @@ the cast to the float32 master and the update is applied there. Updates far belo
 their weight (lr 1e-6 on weights of ~0.02) therefore accumulate instead of being rounded away.
 Exports (actors, HF dirs) are cast to the compute dtype.
 
-- rl:       learner.losses.policy_loss on learner.logprobs.per_token_logprobs (chunked unembed),
+- rl:       learner.algo.losses.policy_loss on learner.algo.logprobs.per_token_logprobs (chunked unembed),
             behaviour logprobs as π_old, optional frozen reference (the initial policy) when β > 0.
 - sft:      masked cross-entropy on the batch's loss_mask (completion tokens only).
 - pretrain: the same cross-entropy; its batches mark every token as a target.
@@ -33,14 +33,14 @@ import numpy as np
 import optax
 from flax import nnx
 
+from learner.algo.logprobs import logprobs_from_hidden, per_token_logprobs
+from learner.algo.losses import LossConfig, Normalizer, normalizer_for, policy_loss
+from learner.algo.optim import OptimizerConfig, make_optimizer, make_schedule
+from learner.algo.rl_batch import RLBatch, empty_rl_batch
+from learner.algo.train_state import TrainState, init_train_state
 from learner.data import TokenBatch
-from learner.logprobs import logprobs_from_hidden, per_token_logprobs
-from learner.losses import LossConfig, Normalizer, normalizer_for, policy_loss
 from learner.mesh import is_leader, shard_rows
 from learner.metrics import Throughput, to_host
-from learner.optim import OptimizerConfig, make_optimizer, make_schedule
-from learner.rl_batch import RLBatch, empty_rl_batch
-from learner.train_state import TrainState, init_train_state
 from models.jax_model import DTYPES, LoadedModel, export_hf_tensors, save_hf_dir
 
 Batch = dict[str, jax.Array]
@@ -86,7 +86,7 @@ class Trainer:
       micro_batches: gradient-accumulation factor; the batch's rows must divide by it.
       temperature: the actors' sampling temperature (behaviour logprobs are log_softmax(logits / T)).
       chunk_tokens: tokens (rows × time steps) unembedded at once when computing logprobs: the logits
-        memory is a few copies of chunk_tokens × V fp32, whatever the batch (learner.logprobs).
+        memory is a few copies of chunk_tokens × V fp32, whatever the batch (learner.algo.logprobs).
       compute_dtype: dtype the steps compute in ("bfloat16" or "float32"); None: the loaded params'.
         Exports default to it. The state's params keep the loaded dtype (the master weights).
       remat: recompute each decoder layer in the backward pass (gradient checkpointing).

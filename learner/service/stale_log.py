@@ -1,4 +1,4 @@
-"""Why groups were dropped as stale: with leases bounded by version (learner/lease_budget.py) a stale
+"""Why groups were dropped as stale: with leases bounded by version (learner/service/lease_budget.py) a stale
 drop is an anomaly, so each one is classified and the run summary says which causes occurred.
 
 Causes, judged from the group's policy version v, the learner's newest version w and the first

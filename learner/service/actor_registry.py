@@ -1,6 +1,6 @@
 """The learner's table of registered actors: who they are, what they declared, what they report.
 
-Each registration gets its own credential (learner/credentials.py). An actor that registers again
+Each registration gets its own credential (learner/service/credentials.py). An actor that registers again
 presenting its current credential renews it: same *incarnation*, so the prompts leased to it stay
 its own. A registration without it (a restarted actor process, or someone else claiming the id)
 starts a new incarnation and supersedes the old one: the old credential is refused from then on
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from learner.credentials import CredentialMinter, registration_id_of, well_formed
+from learner.service.credentials import CredentialMinter, registration_id_of, well_formed
 
 SUPERSEDED_KEPT = 4  # superseded registrations remembered per actor (answered Superseded, not unknown)
 
@@ -55,7 +55,7 @@ class RegistryFull(Exception):
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What an actor declared at registration (bounds checked by learner/request_checks.py)."""
+    """What an actor declared at registration (bounds checked by learner/service/request_checks.py)."""
 
     engine: str
     model_family: str

@@ -2,7 +2,7 @@
 
 AReaL's rule (areal/core/staleness_manager.py). With B = prompts_per_step, η = max_staleness and s the
 learner step at which the weights of the asking actor were published (at most the steps completed;
-learner.service picks it), a lease never takes the prompts in use past
+learner.service.server picks it), a lease never takes the prompts in use past
 
     (η + s + 1) · B,        in use = issued - returned
 

@@ -3,7 +3,7 @@
 One row per completion: prompt tokens then completion tokens, right-padded to a length bucket
 (the smallest of `length_buckets` that fits), rows padded to `num_rows`, so the jitted step sees
 few distinct shapes and does not recompile every step. Advantages come from
-`learner.advantages.group_advantages` (unscorable completions: advantage 0, weight 0; DAPO dynamic
+`learner.algo.advantages.group_advantages` (unscorable completions: advantage 0, weight 0; DAPO dynamic
 sampling: zero-signal groups weight 0 when 'drop'); a completion's weight multiplies its loss mask.
 """
 
@@ -14,7 +14,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from learner.advantages import group_advantages
+from learner.algo.advantages import group_advantages
 from rewards.types import PASS_THRESHOLD
 
 
@@ -25,7 +25,7 @@ class CompletionLike(Protocol):
 
 
 class GroupLike(Protocol):
-    """What assembly reads of a `learner.group_validation.GroupRecord`."""
+    """What assembly reads of a `learner.service.group_validation.GroupRecord`."""
 
     group_id: str
     policy_version: int

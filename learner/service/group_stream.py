@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
-from learner.actor_registry import CredentialRefused
-from learner.tolerant_handlers import Undecodable
+from learner.service.actor_registry import CredentialRefused
+from learner.service.tolerant_handlers import Undecodable
 from tandem_wire import pb
 from tandem_wire.idle import Progress
 

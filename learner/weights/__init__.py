@@ -1,0 +1,1 @@
+"""The weight path to actors: versions, shared memory, the publisher, the relay."""
