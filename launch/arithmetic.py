@@ -1,7 +1,7 @@
 """The embedded demo's synthetic task: arithmetic on n-digit numbers, generated locally.
 
 The stages are chosen so that RL has room to improve for a reason that does not depend on how far
-a stage happened to train (see README, "What the demo does"):
+a stage happened to train (see docs/demo.md, "Why this design"):
   pretraining  plain-text lines with both operations: "123+456=579" and "579-123=456";
   SFT          the chat format, with *addition only*: "<user>123+456<asst>" -> "579<eos>";
   RL           chat-format *subtraction*, "<user>579-123<asst>": no supervised example shows

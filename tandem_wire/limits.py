@@ -1,4 +1,4 @@
-"""The documented bounds on what an actor may send the learner (README, "Security").
+"""The documented bounds on what an actor may send the learner (docs/security.md).
 
 The learner checks every field at the door and refuses a message that exceeds a bound (an INVALID
 ack for a group, INVALID_ARGUMENT for a call); the actor-side client keeps its own free-text

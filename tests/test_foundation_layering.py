@@ -1,4 +1,4 @@
-"""Each role package imports only its own heavy dependencies (shared/README.md, "Layering").
+"""Each role package imports only its own heavy dependencies (README.md, "Layout and layering").
 
 Every module of a package is imported in a fresh interpreter in which the forbidden modules
 cannot be imported at all (as if they were not installed), then `sys.modules` is checked. So
