@@ -12,7 +12,7 @@ CONSTRAINTS := $(if $(filter cpu,$(ACCEL)),-c constraints.txt,)
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
-.PHONY: env demo test proto proto-check config-doc config-doc-check clean
+.PHONY: env demo test test-fast proto proto-check config-doc config-doc-check clean
 
 # vLLM goes in first and alone: its CPU wheel pins torch==2.13.0+cpu, and PyPI's torchvision /
 # torchaudio / torchcodec (CUDA builds) make `from vllm import LLM` crash, so they are removed.
@@ -33,6 +33,10 @@ demo: env
 
 test: env
 	$(PY) -m pytest tests --durations=25
+
+# The developer's loop: everything but the tests marked slow (real engines, Ray clusters, long training).
+test-fast: env
+	$(PY) -m pytest tests -m "not slow" --durations=10
 
 proto: env
 	$(PY) -m grpc_tools.protoc -I proto --python_out=. --grpc_python_out=. --pyi_out=. proto/tandem_wire/tandem.proto

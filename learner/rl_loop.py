@@ -52,6 +52,8 @@ BATCH_LAYOUT = {name: np.dtype(np.int32 if name in ("input_ids", "attention_mask
 # Version jump on restore; larger than any number of versions a run publishes between checkpoints.
 RESTART_VERSION_STRIDE = 1_000_000
 WAITING_WARN_S = 60.0  # a learner waiting this long for groups says why, again every this many seconds
+# With train.num_iterations > 1, these of the last update are logged too (as `<name>_last`).
+ITERATION_METRICS = ("loss", "ratio_mean", "clip_frac_low", "clip_frac_high", "update_norm")
 
 
 class NoRolloutsError(RuntimeError):
@@ -287,11 +289,25 @@ class RLLoop:
         if batch is None:
             return dict(SKIPPED)
         self._compiled()
-        metrics = self.trainer.rl_step(batch)
+        metrics = self._iterate(batch)
         metrics.update(stats)
         metrics["learner_step_s"] = time.perf_counter() - started
         if is_multiprocess():
             metrics["batch_broadcast_s"] = broadcast_s
+        return metrics
+
+    def _iterate(self, batch: RLBatch) -> dict[str, float]:
+        """`train.num_iterations` updates on one batch (PPO's epochs, μ in GRPO): every one takes its
+        ratio against the behaviour logprobs, so from the second on the clip limits how far the policy
+        strays from the one that sampled. The step's metrics are the first update's (the batch as it
+        arrived, comparable across μ); `*_last` say where the last update started from."""
+        metrics = self.trainer.rl_step(batch)
+        iterations = self.config.train.num_iterations
+        if iterations == 1 or metrics.get("update_skipped"):
+            return metrics
+        for _ in range(iterations - 1):
+            last = self.trainer.rl_step(batch)
+        metrics.update({f"{key}_last": last[key] for key in ITERATION_METRICS if key in last})
         return metrics
 
     def _share(self, batch: RLBatch | None) -> RLBatch | None:

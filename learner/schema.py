@@ -144,6 +144,11 @@ class TrainConfig(Section):
     batch_size: int = Field(64, ge=1, description="packed rows per step (sft, pretrain)")
     prompts_per_step: int = Field(16, ge=1, description="groups per step (rl)")
     micro_batches: int = Field(1, ge=1, description="gradient accumulation: a step's batch in this many parts")
+    num_iterations: int = Field(1, ge=1, description="rl: optimizer updates on each batch (μ of the GRPO paper; "
+                                                     "TRL's and tunix's num_iterations, verl's ppo_epochs). "
+                                                     "Above 1 each batch is reused, the clip bounding how far "
+                                                     "the policy moves from the one that sampled it; weights "
+                                                     "are published once per batch")
     checkpoint_every: int = Field(50, ge=1, description="save a checkpoint every this many steps")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
     eval_every: int = Field(0, ge=0, description="rl: evaluate every this many steps; 0 = only at the end")

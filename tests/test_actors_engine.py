@@ -17,6 +17,8 @@ from actors_helpers import (
 
 from actors.engine import PromptTooLongError, RolloutEngine, Sample, SamplingSpec, WeightSetError
 
+pytestmark = pytest.mark.slow  # a real vLLM engine
+
 EOS_ID = 2
 PROMPTS = [[1, 3, 5, 6, 7], [1, 3, 8, 9, 10, 11, 4], [1, 20, 4]]
 MAX_MODEL_LEN = 48

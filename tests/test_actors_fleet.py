@@ -21,6 +21,8 @@ from learner.service.server import LearnerService
 from models.tokenizer import vocab_size_for
 from rewards.pool import RewardPool, RewardSpec, WeightedReward
 
+pytestmark = pytest.mark.slow  # Ray and vLLM actors
+
 ROOT = Path(__file__).resolve().parents[1]
 NUM_PROMPTS = 40
 G = 2

@@ -33,6 +33,8 @@ from learner.service.server import GroupRecord, LearnerService
 from models.tokenizer import vocab_size_for
 from rewards.pool import RewardPool, RewardSpec, WeightedReward
 
+pytestmark = pytest.mark.slow  # Ray and vLLM actors
+
 G = 4
 TEMPERATURE = 0.7
 MAX_PROMPT_TOKENS = 16

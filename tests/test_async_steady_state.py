@@ -13,6 +13,7 @@ so the learner sends each version once, and the relay keeps the steady state sta
 
 from __future__ import annotations
 
+import pytest
 from reliability_helpers import (
     StepLog,
     build_learner,
@@ -22,6 +23,8 @@ from reliability_helpers import (
     stop_fleet,
     tiny_run,
 )
+
+pytestmark = pytest.mark.slow  # Ray and vLLM actors
 
 STEPS = 30
 MAX_STALENESS = 1

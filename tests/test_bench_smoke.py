@@ -14,6 +14,8 @@ sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
 
 from launch import bench  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the benchmarks' real engines
+
 TINY_MODEL = dict(num_layers=1, hidden_size=64, intermediate_size=128, num_heads=2, num_kv_heads=1,
                   head_dim=32)
 

@@ -30,6 +30,8 @@ import urllib.request
 import pytest
 from ray_head_helpers import ROOT, loopback_head_flags, stop_cluster
 
+pytestmark = pytest.mark.slow  # a Ray cluster and a submitted job
+
 BEGIN, END = "<!-- cluster-commands", "<!-- /cluster-commands -->"
 STEPS, PROMPTS, GROUP = 3, 4, 4
 

@@ -134,3 +134,20 @@ def test_guard_rolls_back_to_the_last_checkpoint_and_goes_on(tmp_path):
     assert rolled == {4: 3.0} and loop.counts["rollbacks"] == 1
     assert loop.step == 6 and not loop.stopped_by_guard
     assert int(loop.trainer.state.step) == 5  # 6 updates, the 4th undone
+
+
+def test_num_iterations_reuses_each_batch_and_publishes_once_per_step(tmp_path):
+    """train.num_iterations=3: three AdamW updates on each batch, the last two against a policy that
+    has moved (its ratio to the behaviour logprobs differs from the first update's), one weight
+    version per step; the accounting is the same as with one update."""
+    run = tiny_run(tmp_path / "mu", steps=STEPS, checkpoint_every=10,
+                   overrides=["algo.dynamic_sampling=fill", "train.num_iterations=3"])
+    metrics: list[dict] = []
+    loop, accounting = _run_loop(run, on_step=lambda loop, step, m: metrics.append(m))
+    assert balance_violations(accounting) == []
+    assert accounting["groups_consumed"] == STEPS * PROMPTS_PER_STEP + loop.counts["groups_zero_signal_dropped"]
+    assert int(loop.trainer.state.step) == 3 * STEPS
+    assert loop.version == STEPS  # published once per step, not per update
+    for m in metrics:
+        assert {"loss_last", "ratio_mean_last", "clip_frac_high_last", "update_norm_last"} <= m.keys()
+        assert m["ratio_mean_last"] != pytest.approx(m["ratio_mean"], abs=1e-6)

@@ -12,6 +12,8 @@ from models.jax_model import forward_logits, load_model, save_hf_dir
 from models.tiny import make_tiny_model
 from models.tokenizer import ASST_ID, BOS_ID, USER_ID
 
+pytestmark = pytest.mark.slow  # a real vLLM engine
+
 MAX_TOKENS = 8
 PROMPTS = [[BOS_ID, USER_ID, 6, 7, 15, 8, 9, ASST_ID], [BOS_ID, USER_ID, 13, 19, ASST_ID],
            [BOS_ID, USER_ID, 22, 23, 24, 21, 5, ASST_ID]]

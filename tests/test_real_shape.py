@@ -36,6 +36,8 @@ from launch.trainer import build_trainer
 from learner.checkpoint import Checkpointer
 from models.tiny import make_chatml_model
 
+pytestmark = pytest.mark.slow  # a Qwen2.5-0.5B-shaped model through SFT and RL
+
 LAYERS = 2
 BEHAVIOUR_GAP_BOUND = 0.05  # token-mean |log π_learner − log π_vLLM| at bf16, nats
 # Sizes only: what the shipped config trains with is kept (dtype, algorithm, learning rate, template).

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import ray
 from actors_helpers import wait_for
 from ray.exceptions import RayActorError
@@ -28,6 +29,8 @@ from reliability_helpers import (
 
 from actors.stats import ActorStats
 from launch.supervisor import FleetSupervisor
+
+pytestmark = pytest.mark.slow  # Ray, vLLM and injected faults
 
 STEPS = 10
 

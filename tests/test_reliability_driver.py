@@ -14,10 +14,13 @@ import subprocess
 import time
 
 import psutil
+import pytest
 from actors_helpers import wait_for
 from ray_head_helpers import BIN, ROOT, submit_command
 
 from learner.rl_loop import RESTART_VERSION_STRIDE
+
+pytestmark = pytest.mark.slow  # Ray, vLLM and injected faults
 
 STEPS, PROMPTS, GROUP, CHECKPOINT_EVERY, KILL_AFTER = 10, 4, 4, 2, 5
 TANDEM_ACTOR_CLASSES = {"NamedFleet", "RolloutActor", "RewardWorker"}

@@ -26,6 +26,8 @@ from learner.service.prompt_source import Prompt, PromptSource
 from learner.service.server import LearnerService
 from rewards.pool import RewardPool, RewardSpec, WeightedReward
 
+pytestmark = pytest.mark.slow  # Ray, vLLM and injected faults
+
 ROOT = Path(__file__).resolve().parents[1]
 BACKOFF_S = 1.0
 MAX_QUICK_FAILURES = 3

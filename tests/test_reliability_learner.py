@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from reliability_helpers import (
     check_run,
     final_history,
@@ -26,6 +27,8 @@ from reliability_helpers import (
 )
 
 from learner.rl_loop import RESTART_VERSION_STRIDE
+
+pytestmark = pytest.mark.slow  # Ray, vLLM and injected faults
 
 STEPS = 10
 CHECKPOINT_EVERY = 2

@@ -34,6 +34,8 @@ from learner.weights.shared_memory import remove_stale_files
 from tandem_wire.bulk import SHARED_PREFIX, SHM_DIR
 from tandem_wire.digest import hexdigest
 
+pytestmark = pytest.mark.slow  # Ray, vLLM and injected faults
+
 STEPS = 7
 CORRUPTED, CUT = 3, 5  # weight versions whose push breaks
 

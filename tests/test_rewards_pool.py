@@ -21,6 +21,8 @@ USER_MODULE = '''
 import asyncio, ctypes, math, os, time
 from rewards import reward
 
+pytestmark = pytest.mark.slow  # Ray reward workers
+
 def misbehave(prompt, completion, *, completion_ids, metadata):
     """Does what the completion says."""
     if completion == "raise":
