@@ -2,7 +2,7 @@
 
 The lease budget (learner/service/lease_budget.py) bounds how many prompts are in use, the queue trains the
 oldest policy version first (learner/service/group_queue.py), and an actor η versions behind gets no lease
-(learner/service/server.py). None of them stops the learner from publishing the version that makes a group
+(learner/service/pacing.py). None of them stops the learner from publishing the version that makes a group
 still being sampled by a slower actor stale. With a hold, while such a group is out (leased at budget
 step s − η or earlier, by an actor that has not loaded newer weights since), the batch of step s + 1
 takes no group, so the late one comes first instead of being dropped after the step. The hold is

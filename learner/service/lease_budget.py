@@ -2,7 +2,7 @@
 
 AReaL's rule (areal/core/staleness_manager.py). With B = prompts_per_step, η = max_staleness and s the
 learner step at which the weights of the asking actor were published (at most the steps completed;
-learner.service.server picks it), a lease never takes the prompts in use past
+learner/service/pacing.py picks it), a lease never takes the prompts in use past
 
     (η + s + 1) · B,        in use = issued - returned
 
@@ -15,8 +15,8 @@ learner.service.server picks it), a lease never takes the prompts in use past
 A trained group keeps its slot for good, so s steps hold s·B slots and actors may sample at most
 η + 1 batches ahead of the learner: a prompt leased within the bound is trained on before the
 learner is η versions further, so in steady state no group is dropped as stale. An actor that asks
-for more gets fewer or none, and a hint for when to ask again (StepPace). The queue's capacity
-stays a memory bound only.
+for more gets fewer or none, and a hint for when to ask again (StepPace; the pacing table,
+learner/service/pacing.py). The queue's capacity stays a memory bound only.
 
 Both classes are pure (no locks, no clock of their own); PromptSource keeps the budget's counts
 under its lock and in its checkpointed state, the learner service owns the pace.

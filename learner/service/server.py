@@ -1,11 +1,11 @@
 """The learner's gRPC server (tandem_wire `Learner` service) and the trainer-facing API.
 
 Actors register, heartbeat, lease prompts from the learner's PromptSource (at most as many as the
-lease budget allows: (max_staleness + step + 1)·prompts_per_step in use, learner/service/lease_budget.py; an
-actor refused for lack of budget gets a hint for when to ask again), stream scored groups
-(answered per group with QUEUED / DUPLICATE / STALE / INVALID / RETRY plus credits, and later with
-CONSUMED), and pull versioned weights as a chunked stream ending in a checksummed commit.
-The trainer calls next_batch / mark_consumed / publish_weights / state_dict.
+lease budget allows: (max_staleness + step + 1)·prompts_per_step in use, learner/service/lease_budget.py;
+an actor given fewer than it asked for gets a hint for when to ask again: the pacing table,
+learner/service/pacing.py), stream scored groups (answered per group with QUEUED / DUPLICATE / STALE /
+INVALID / RETRY plus credits, and later with CONSUMED), and pull versioned weights as a chunked stream
+ending in a checksummed commit. The trainer calls next_batch / mark_consumed / publish_weights / state_dict.
 
 Exactly-once: a group id is a prompt key; a prompt is retired (and its group id refused as a
 duplicate from then on) when mark_consumed is called for it, and the retired set is part of
@@ -64,8 +64,9 @@ from learner.service.group_queue import GroupQueue, is_stale
 from learner.service.group_stream import GroupStream
 from learner.service.group_validation import CompletionRecord, GroupLimits, GroupRecord
 from learner.service.late_groups import LateGroupWait
-from learner.service.lease_budget import RETRY_MIN_S, StepPace
+from learner.service.lease_budget import StepPace
 from learner.service.log_throttle import KeyedThrottle
+from learner.service.pacing import LeaseAsk, LeaseOutcome, budget_step, decide_lease, may_lease
 from learner.service.prompt_source import PromptSource, PromptState
 from learner.service.stale_log import StaleLog
 from learner.service.tolerant_handlers import Undecodable, add_tolerant_learner_servicer
@@ -453,19 +454,14 @@ class LearnerService(rpc.LearnerServicer):
         max_prompts = min(check_int("max_prompts", request.max_prompts, 0), MAX_PROMPTS_PER_LEASE)
         with self._cond:
             actor = self._caller(context, actor_id)
-            step = self._budget_step(actor)
-            # asynchronous: what an actor η versions behind samples would be stale by the time it arrives
-            # (sync, η = 0: the step waits for exactly those groups)
-            eta = self.config.admission.max_staleness
-            doomed = eta > 0 and step <= self._step - eta
-            leased = [] if doomed else self._prompts.lease(actor.holder, max_prompts,
-                                                           self.config.admission.lease_seconds, step)
+            ask = LeaseAsk(max_prompts, self._step, self._budget_step(actor), self.config.admission.max_staleness)
+            leased = self._prompts.lease(actor.holder, max_prompts, self.config.admission.lease_seconds,
+                                         ask.budget_step) if may_lease(ask) else []
             exhausted = self._prompts.exhausted()
-            held_back = len(leased) < max_prompts and (doomed or self._prompts.allowance(step) == 0)
-            retry_after = 0.0
-            if held_back and not exhausted:  # its old weights hold it back: it asks again once it loaded ours
-                lagging = doomed or step < self._step and self._prompts.allowance(self._step) != 0
-                retry_after = RETRY_MIN_S if lagging else self._pace.retry_after(time.monotonic())
+            decision = decide_lease(ask, LeaseOutcome(
+                granted=len(leased), exhausted=exhausted, allowance=self._prompts.allowance(ask.budget_step),
+                allowance_now=self._prompts.allowance(self._step),
+                step_due_in_s=self._pace.retry_after(time.monotonic())))
             latest_version = self._latest_version
         return pb.LeasePromptsReply(
             prompts=[
@@ -474,7 +470,7 @@ class LearnerService(rpc.LearnerServicer):
             ],
             exhausted=exhausted,
             lease_seconds=self.config.admission.lease_seconds,
-            retry_after_seconds=retry_after,
+            retry_after_seconds=decision.retry_after_s,
             latest_version=latest_version,
         )
 
@@ -566,16 +562,8 @@ class LearnerService(rpc.LearnerServicer):
             )
 
     def _budget_step(self, actor: ActorRecord) -> int:
-        """The learner step the lease budget counts from for `actor`: the step at which the version it
-        serves was published, at most the learner's own. An actor still sampling with older weights
-        gets the budget of its own version (AReaL, too, bounds by the rollout's version), so what it
-        leases is trained on before it falls more than max_staleness versions behind. A version this
-        learner did not publish (served before a restore) counts as the oldest one it did; before
-        any publish, the learner's step."""
-        if not self._version_steps:
-            return self._step
-        oldest = next(iter(self._version_steps.values()))
-        return min(self._version_steps.get(actor.weight_version, oldest), self._step)
+        """`actor`'s budget step (learner/service/pacing.py) from the versions this learner published."""
+        return budget_step(self._step, actor.weight_version, self._version_steps)
 
     def _caller(self, context: grpc.ServicerContext, actor_id: str) -> ActorRecord:
         """The registered actor the call's credential names, which must be `actor_id`; heard from now."""
