@@ -77,7 +77,10 @@ def test_two_async_actors_leave_no_stale_group_and_train_within_eta_versions(ray
     sources = [s.weight_sources for s in stats.values()]
     fetched = sum(f["streamed"] + f["relayed"] for f in sources)
     relayed = sum(f["relayed"] for f in sources)
-    assert relayed == accounting["weight_fetches_relayed"] > 0, sources
+    # the learner counts the relay answers it gave, the actors the relayed fetches they finished: an
+    # actor stopped at the end of the run may have one answer in hand and its fetch unfinished (seen
+    # once on a loaded machine: 12 finished, 13 given)
+    assert 0 < relayed <= accounting["weight_fetches_relayed"] <= relayed + len(stats), sources
     assert not any(f["relay_failed"] or f["shared"] for f in sources), sources
     # a version both actors fetch leaves the learner once: its egress stays one copy per version fetched
     versions = set().union(*(s.versions_applied for s in stats.values()))
