@@ -6,6 +6,11 @@ id the learner reports as silent) is replaced by a fresh one with a new id, foll
 RestartPolicy: an actor that keeps dying right after it starts is restarted with growing back-off
 and finally given up (``health()`` says which and why).
 
+Identity: the fleet holds the run's enrollment key (tandem_wire/enrollment.py) and hands each actor it
+spawns the token of its id, nothing more, so only ids this fleet started can register with the learner.
+An id the fleet replaced or removed is *retired* (``retired()``): ids are never reused, and the
+driver's supervisor tells the learner to refuse those ids from then on.
+
 For an RL run, ``start_named_fleet`` wraps the fleet in a detached, named Ray actor (NamedFleet):
 it and its actors outlive the driver that started them, a restarted driver of the same run
 re-attaches (``attach``, which also moves every actor to the learner's new address), and a fleet
@@ -28,6 +33,7 @@ from ray.exceptions import AuthenticationError, GetTimeoutError, RayActorError, 
 from actors.config import ENGINE_ENV, FLEET_NAME, FLEET_NAMESPACE, ActorConfig, RestartPolicy
 from actors.rollout_actor import RolloutActor
 from actors.stats import ActorStats, FleetHealth, FleetInfo, GivenUp, NoAnswer
+from tandem_wire import enrollment
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +63,13 @@ class PendingRestart:
 class ActorFleet:
     """Creates, resizes and replaces RolloutActors; each runs its ``run()`` loop as soon as it exists.
 
-    ``detached`` actors outlive the process that created the fleet (used by NamedFleet)."""
+    ``detached`` actors outlive the process that created the fleet (used by NamedFleet).
+    ``enrollment_key``: the run's, which its learner holds too (None: a fresh one, for a learner with
+    server.open_enrollment or one that asks ``enrollment_key()``)."""
 
     def __init__(self, config: ActorConfig, learner_address: str, reward_handles: list,
-                 *, id_prefix: str = "actor", restart: RestartPolicy | None = None, detached: bool = False):
+                 *, id_prefix: str = "actor", restart: RestartPolicy | None = None, detached: bool = False,
+                 enrollment_key: bytes | None = None):
         self.config = config
         self.learner_address = learner_address
         self.reward_handles = list(reward_handles)
@@ -71,9 +80,20 @@ class ActorFleet:
         self._members: dict[str, _Member] = {}  # by actor id, oldest first
         self._pending: list[PendingRestart] = []
         self._given_up: list[GivenUp] = []
+        self._retired: list[str] = []  # ids replaced or removed, oldest first
+        self._enrollment_key = enrollment_key or enrollment.new_key()
         self._next_index = 0
         # the named fleet answers several calls at once (stats while a scale is stopping an actor)
         self._lock = threading.RLock()
+
+    def enrollment_key(self) -> bytes:
+        """The run's enrollment key, for a restarted driver's learner (over Ray only: never to an actor)."""
+        return self._enrollment_key
+
+    def retired(self) -> list[str]:
+        """The ids of every actor this fleet replaced or removed: the learner refuses them."""
+        with self._lock:
+            return list(self._retired)
 
     def actors(self) -> dict[str, ray.actor.ActorHandle]:
         """Live actors by id, oldest first."""
@@ -217,12 +237,14 @@ class ActorFleet:
         handle = self._remote_cls.options(
             resources={"rollout": 1}, num_cpus=self.config.num_cpus, max_concurrency=ACTOR_CONCURRENCY,
             max_restarts=0, runtime_env={"env_vars": ENGINE_ENV}, **self._lifetime,
-        ).remote(actor_id, self.config, self.learner_address, self.reward_handles)
+        ).remote(actor_id, self.config, self.learner_address, self.reward_handles,
+                 enrollment.token(self._enrollment_key, actor_id))
         self._members[actor_id] = _Member(handle, handle.run.remote(), time.monotonic(), quick_failures)
         return actor_id
 
     def _remove(self, actor_id: str, *, graceful: bool) -> None:
         handle = self._members.pop(actor_id).handle
+        self._retired.append(actor_id)
         if graceful:
             try:
                 ray.get(handle.stop.remote(), timeout=60)
@@ -241,8 +263,10 @@ class NamedFleet(ActorFleet):
     """
 
     def __init__(self, config: ActorConfig, learner_address: str, reward_handles: list, *, run_key: str = "",
-                 orphan_timeout_s: float = 0.0, restart: RestartPolicy | None = None):
-        super().__init__(config, learner_address, reward_handles, restart=restart, detached=True)
+                 orphan_timeout_s: float = 0.0, restart: RestartPolicy | None = None,
+                 enrollment_key: bytes | None = None):
+        super().__init__(config, learner_address, reward_handles, restart=restart, detached=True,
+                         enrollment_key=enrollment_key)
         self.run_key = run_key
         self.orphan_timeout_s = orphan_timeout_s
         self._touched = time.monotonic()
@@ -285,13 +309,15 @@ class NamedFleet(ActorFleet):
 
 def start_named_fleet(config: ActorConfig, learner_address: str, reward_handles: list, initial_actors: int,
                       *, name: str = FLEET_NAME, run_key: str = "", orphan_timeout_s: float = 0.0,
-                      restart: RestartPolicy | None = None) -> ray.actor.ActorHandle:
-    """Create a detached NamedFleet called ``name`` and start ``initial_actors``. Whoever ends the run
-    calls ``close`` on it and kills it (or leaves that to ``orphan_timeout_s``)."""
+                      restart: RestartPolicy | None = None,
+                      enrollment_key: bytes | None = None) -> ray.actor.ActorHandle:
+    """Create a detached NamedFleet called ``name`` and start ``initial_actors``, enrolled under
+    ``enrollment_key`` (the learner's). Whoever ends the run calls ``close`` on it and kills it (or
+    leaves that to ``orphan_timeout_s``)."""
     holder = ray.remote(NamedFleet).options(name=name, namespace=FLEET_NAMESPACE, num_cpus=0, max_concurrency=4,
                                             lifetime="detached", max_restarts=0)
     handle = holder.remote(config, learner_address, reward_handles, run_key=run_key,
-                           orphan_timeout_s=orphan_timeout_s, restart=restart)
+                           orphan_timeout_s=orphan_timeout_s, restart=restart, enrollment_key=enrollment_key)
     ray.get(handle.scale.remote(initial_actors))
     return handle
 

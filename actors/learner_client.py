@@ -13,7 +13,9 @@ on the learner's host (same shared-memory domain, tandem_wire.bulk) gets the blo
 mapped copy-on-write and verified in place; any failure of that path is retried once over the gRPC
 stream of chunks.
 
-Identity: `register` returns this actor's own credential from the learner; the client attaches it to
+Identity: `register` presents the enrollment token the fleet minted for this actor id (tandem_wire/
+enrollment.py; sent to the learner only, never to a relay peer) and returns this actor's own credential
+from the learner; the client attaches it to
 every later call (next to the run's shared token, when one is set) and registers again when a call is
 refused UNAUTHENTICATED (a restarted learner, or an expired registration), presenting the credential
 it holds so that the learner renews it rather than starting a new incarnation. A client whose
@@ -41,7 +43,7 @@ from actors.weight_staging import SharedFileGone, StagedWeights, WeightTransferE
 from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
 from tandem_wire.auth import AUTH_METADATA_KEY, bearer
 from tandem_wire.bulk import shared_memory_domain
-from tandem_wire.limits import CREDENTIAL_METADATA_KEY, MAX_DETAIL_CHARS
+from tandem_wire.limits import CREDENTIAL_METADATA_KEY, ENROLLMENT_METADATA_KEY, MAX_DETAIL_CHARS
 
 __all__ = [
     "LearnerClient",
@@ -116,12 +118,15 @@ class LearnerClient:
         on_announcement: Callable[[], None] | None = None,
         shared_memory: bool = True,
         relay: WeightRelayServer | None = None,
+        enrollment: str | None = None,
     ) -> None:
         """`on_announcement` is called (on the stream's thread) for each announcement on the group
         stream: a new version, or a lease budget that grew, so a caller waiting for prompts asks again.
         `shared_memory`: offer this host's shared-memory domain when fetching weights (the bulk path).
         `relay`: this actor's relay server; streamed versions are relayed to the actors the learner
-        sends to it, and this actor may be sent to another's (actors/weight_relay.py)."""
+        sends to it, and this actor may be sent to another's (actors/weight_relay.py).
+        `enrollment`: this actor id's enrollment token, from the fleet (None: a learner with
+        server.open_enrollment)."""
         if not actor_id:
             raise ValueError("actor_id must be non-empty")
         self.address = address
@@ -129,6 +134,7 @@ class LearnerClient:
         self._call_timeout_s = call_timeout_s
         self._on_announcement = on_announcement
         self._token_metadata = ((AUTH_METADATA_KEY, bearer(auth_token)),) if auth_token else ()
+        self._enrollment = ((ENROLLMENT_METADATA_KEY, enrollment),) if enrollment else ()
         self._credential: str | None = None  # this actor's credential, from the last Register
         self._register_lock = threading.Lock()  # one registration at a time (renewals must not race)
         self._tls_ca_path = tls_ca_path
@@ -432,8 +438,10 @@ class LearnerClient:
             return self._credential
 
     def _metadata(self, credential: str | None) -> tuple[tuple[str, str], ...]:
-        """The shared token (when set) and `credential` (when held), as call metadata."""
-        return self._token_metadata + (((CREDENTIAL_METADATA_KEY, credential),) if credential else ())
+        """The shared token (when set), the enrollment token (when given; the learner reads it on Register)
+        and `credential` (when held), as metadata of a call to the learner."""
+        held = ((CREDENTIAL_METADATA_KEY, credential),) if credential else ()
+        return self._token_metadata + self._enrollment + held
 
     def _unary(self, method: str, request: Any, timeout: float | None = None) -> Any:
         """One unary call with this actor's credential; refused UNAUTHENTICATED (the learner does not

@@ -123,7 +123,9 @@ class RolloutActor:
     """Owns a RolloutEngine and a LearnerClient; ``run()`` loops until the dataset is exhausted or
     ``stop()`` is called."""
 
-    def __init__(self, actor_id: str, config: ActorConfig, learner_address: str, reward_handles: list):
+    def __init__(self, actor_id: str, config: ActorConfig, learner_address: str, reward_handles: list,
+                 enrollment: str | None = None):
+        """`enrollment`: the token the fleet minted for `actor_id`, presented when registering."""
         self.actor_id = actor_id
         self.config = config
         self.engine = RolloutEngine(Path(config.hf_dir), max_model_len=config.max_model_len,
@@ -142,7 +144,7 @@ class RolloutActor:
                             error)
         self.client = LearnerClient(learner_address, actor_id, auth_token=config.auth_token,
                                     tls_ca_path=config.tls_ca_path, on_announcement=self._ask_again.set,
-                                    relay=self.relay)
+                                    relay=self.relay, enrollment=enrollment)
         self.scorer = RewardScorer(reward_handles)
         self.version = 0  # the HF dir the engine starts from is weight version 0
         self.max_prompt_tokens = min(config.max_prompt_tokens, self.engine.max_prompt_len)

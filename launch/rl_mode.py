@@ -28,7 +28,7 @@ from launch.console import Progress
 from launch.evaluation import Evaluator, evaluate_dir, make_evaluator
 from launch.plots import plot_run
 from launch.prompts import chat_prompt_rows
-from launch.rollout_side import open_rollout_side
+from launch.rollout_side import fleet_enrollment_key, open_rollout_side
 from launch.run import Run
 from launch.supervisor import FleetSupervisor
 from launch.trainer import build_trainer
@@ -39,20 +39,23 @@ from learner.rl_loop import RLLoop
 from learner.service.accounting import balance_violations
 from learner.service.prompt_source import PromptSource
 from learner.service.server import LearnerService
+from tandem_wire import enrollment
 
 log = logging.getLogger("tandem")
 
 
-def build_rl_learner(run: Run, tokenizer, writer: MetricsWriter | None = None) -> RLLoop:
-    """The learner side of an RL run, not yet started: trainer, prompt source, gRPC service and RL loop.
-    Multi-host, only process 0 has the prompt source and the service."""
+def build_rl_learner(run: Run, tokenizer, writer: MetricsWriter | None = None,
+                     enrollment_key: bytes | None = None) -> RLLoop:
+    """The learner side of an RL run, not yet started: trainer, prompt source, gRPC service (admitting the
+    actors enrolled under `enrollment_key`, tandem_wire/enrollment.py) and RL loop. Multi-host, only
+    process 0 has the prompt source and the service."""
     config = run.config
     trainer = build_trainer(run, temperature=config.rollout.temperature)
     service, first_len = None, None
     if is_leader():
         rows = chat_prompt_rows(run.train_data, tokenizer, config.data, split=config.data.split)
         service = LearnerService(PromptSource(rows, epochs=None, seed=config.seed), config.service_config(
-            vocab_size=int(trainer.loaded.hf_config["vocab_size"])))
+            vocab_size=int(trainer.loaded.hf_config["vocab_size"])), enrollment_key=enrollment_key)
         # the longest prompt completed to max_tokens: what a batch holding one truncated completion of
         # it needs (RLLoop caps it at max_sequence_len and compiles that step while the actors start)
         first_len = max(len(r.prompt_ids) for r in rows) + config.rollout.max_tokens
@@ -129,13 +132,15 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
         if ray_cluster.connect(config.ray_address):
             stack.callback(ray.shutdown)
         writer = stack.enter_context(MetricsWriter(run.run_dir / "tb"))
-        loop = build_rl_learner(run, tokenizer, writer)
+        # a restarted driver's learner takes the key of the fleet it re-attaches to; else a fresh one
+        enrollment_key = fleet_enrollment_key(run) or enrollment.new_key()
+        loop = build_rl_learner(run, tokenizer, writer, enrollment_key)
         stack.callback(loop.checkpointer.close)
         bound = loop.start(f"{config.server.host}:{config.server.port}")
         stack.callback(loop.service.stop)
         address = f"{advertised_host(config.server.host)}:{bound.rsplit(':', 1)[1]}"
         log.info("learner serving on %s (version %d, step %d)", address, loop.version, loop.step)
-        rollout_side = open_rollout_side(run, address)
+        rollout_side = open_rollout_side(run, address, enrollment_key)
         stack.callback(rollout_side.close)
         supervisor = stack.enter_context(FleetSupervisor(
             loop.service, rollout_side.fleet, generate_timeout_s=config.rollout.generate_timeout_s,

@@ -8,6 +8,11 @@ their unacknowledged groups) and adopts its reward workers. A fleet another run 
 closed first when no driver has touched it lately; one with a live driver is an error (two runs on
 one cluster need their own fleet names). A fleet whose driver never comes back shuts itself down
 after ``rollout.orphan_timeout_s``.
+
+Enrollment (tandem_wire/enrollment.py): a fresh fleet gets a fresh key from the driver, which gives
+the same key to its learner. A restarted driver asks this run's fleet for its key first
+(``fleet_enrollment_key``) and builds its learner with it, so the fleet's actors re-register with the
+tokens they hold.
 """
 
 from __future__ import annotations
@@ -61,8 +66,19 @@ def run_key(run: Run, actor_config: ActorConfig) -> str:
     return f"{run.run_dir.resolve()}#{digest}"
 
 
-def open_rollout_side(run: Run, learner_address: str) -> RolloutSide:
-    """Re-attach to this run's fleet if an earlier driver left one, else start reward workers and a fleet."""
+def fleet_enrollment_key(run: Run) -> bytes | None:
+    """The enrollment key of the fleet an earlier driver of this run left, if any: the learner a
+    restarted driver builds must accept the tokens that fleet's actors hold."""
+    fleet = find_named_fleet(run.config.rollout.fleet_name)
+    info = _describe(fleet) if fleet is not None else None
+    if info is None or info.run_key != run_key(run, run.config.actor_config(run.model_dir)):
+        return None
+    return ray.get(fleet.enrollment_key.remote(), timeout=60)
+
+
+def open_rollout_side(run: Run, learner_address: str, enrollment_key: bytes) -> RolloutSide:
+    """Re-attach to this run's fleet if an earlier driver left one, else start reward workers and a fleet
+    enrolling its actors under ``enrollment_key`` (the learner's)."""
     config, rollout = run.config, run.config.rollout
     actor_config = config.actor_config(run.model_dir)
     key = run_key(run, actor_config)
@@ -87,7 +103,7 @@ def open_rollout_side(run: Run, learner_address: str) -> RolloutSide:
     try:
         fleet = start_named_fleet(actor_config, learner_address, pool.handles(), rollout.num_actors,
                                   name=rollout.fleet_name, run_key=key, orphan_timeout_s=rollout.orphan_timeout_s,
-                                  restart=rollout.restart)
+                                  restart=rollout.restart, enrollment_key=enrollment_key)
     except BaseException:
         pool.shutdown()
         raise

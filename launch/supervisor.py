@@ -14,7 +14,9 @@ A replacement is a new RolloutActor with a new id; it fetches the learner's curr
 it samples. Replacements follow the fleet's RestartPolicy (back-off for actors that die right after
 they start, then giving the slot up); when every slot is given up, ``on_fatal`` is called with the
 reason (the RL run stops with it instead of waiting for groups that will never come). Each round
-also touches the fleet, which tells a detached fleet that its driver is alive.
+also touches the fleet, which tells a detached fleet that its driver is alive, and retires at the
+learner every id the fleet replaced or removed (``fleet.retired()``, so a restarted driver's learner
+learns them in its first round): a superseded actor, or whoever holds its enrollment token, is refused.
 
 The prompts the old actor had leased but not delivered come back when their leases
 expire (``lease_seconds``), so nothing is lost, and the learner's de-duplication by group id means
@@ -127,6 +129,7 @@ class FleetSupervisor:
                         f"no answer for {silent_for[actor_id]:.0f} s: {s.error}" if isinstance(s, NoAnswer)
                         else f"one engine call busy for {s.engine_busy_s:.1f} s")
         done += self._replace(hung, "hung")
+        self.service.retire(self._call(self.fleet.retired.remote()))
         self.report.checks += 1
         self._check_given_up()
         return done

@@ -193,6 +193,11 @@ class ServerConfig(Section):
     host: str = Field("127.0.0.1", description="bind address; 0.0.0.0 serves actors on other nodes")
     port: int = Field(0, ge=0, le=65535, description="0 = any free port")
     auth_token: str | None = Field(None, description="shared token; defaults to $TANDEM_AUTH_TOKEN")
+    open_enrollment: bool = Field(
+        False, description="let any holder of the run token register any actor id, without the enrollment token "
+                           "the run's fleet mints per actor: only for actors started outside Ray. Risk: one "
+                           "token holder can then register ids by the thousand (up to max_actors) and claim "
+                           "their share of stream slots and credits")
     tls_cert_path: str | None = Field(None, description="learner certificate: serve TLS only (with tls_key_path)")
     tls_key_path: str | None = Field(None, description="private key of tls_cert_path")
     tls_ca_path: str | None = Field(None, description="CA that signed tls_cert_path, handed to the rollout actors")

@@ -28,3 +28,5 @@ MAX_ACK_DETAIL_CHARS = 256
 
 # Metadata key of the per-actor credential that Register returns (every later call carries it).
 CREDENTIAL_METADATA_KEY = "tandem-credential"
+# Metadata key of the enrollment token the fleet minted for an actor (tandem_wire/enrollment.py), sent on Register.
+ENROLLMENT_METADATA_KEY = "tandem-enrollment"

@@ -40,6 +40,9 @@ ACTOR_TIMEOUT_S = 3.0
 # A tiny generate takes well under a second, but this 2-core machine is shared: allow for load.
 GENERATE_TIMEOUT_S = 30.0
 SHORT_LIVENESS = {"heartbeat_interval_s": 0.5, "actor_timeout_s": ACTOR_TIMEOUT_S}  # rollout.* keys
+# The runs' enrollment key (tandem_wire/enrollment.py), held by each learner process and each fleet: a
+# learner killed and started again keeps it, as a restarted driver gets it from the fleet it re-attaches to.
+ENROLLMENT_KEY = b"tandem reliability tests' key..."
 TINY_MODEL = ("model.tiny.num_layers=2", "model.tiny.hidden_size=64", "model.tiny.intermediate_size=128",
               "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1", "model.tiny.head_dim=32")
 
@@ -82,7 +85,8 @@ def build_learner(run):
     from launch.rl_mode import build_rl_learner
 
     config = run.config.model_copy(update={"rollout": run.config.rollout.model_copy(update=SHORT_LIVENESS)})
-    return build_rl_learner(dataclasses.replace(run, config=config), AutoTokenizer.from_pretrained(run.model_dir))
+    return build_rl_learner(dataclasses.replace(run, config=config), AutoTokenizer.from_pretrained(run.model_dir),
+                            enrollment_key=ENROLLMENT_KEY)
 
 
 def start_fleet(run, address: str, num_actors: int):
@@ -92,7 +96,7 @@ def start_fleet(run, address: str, num_actors: int):
 
     pool = RewardPool(run.config.rewards.spec(), num_workers=1)
     fleet = start_named_fleet(run.config.actor_config(run.model_dir), address,
-                              pool.handles(), initial_actors=num_actors)
+                              pool.handles(), initial_actors=num_actors, enrollment_key=ENROLLMENT_KEY)
     return pool, fleet
 
 

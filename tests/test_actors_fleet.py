@@ -1,5 +1,7 @@
 """ActorFleet resized while a run goes on (1 -> 2 -> 1 actors, through the named fleet and its CLI),
-then a crashed actor replaced: every prompt's group is consumed exactly once at the learner."""
+then a crashed actor replaced: every prompt's group is consumed exactly once at the learner. The
+learner admits only the actors the fleet enrolled (the real fleet -> actor -> client chain), and the
+ids the fleet removed are retired."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from learner.service.prompt_source import Prompt, PromptSource
 from learner.service.server import LearnerService
 from models.tokenizer import vocab_size_for
 from rewards.pool import RewardPool, RewardSpec, WeightedReward
+from tandem_wire import enrollment
 
 pytestmark = pytest.mark.slow  # Ray and vLLM actors
 
@@ -64,14 +67,16 @@ class Trainer:
 def run(ray_session, tmp_path_factory):
     base = make_base_model(tmp_path_factory.mktemp("fleet") / "base")
     rows = [Prompt(chat_prompt(f"{i}+{i}"), f"{i}+{i}", {"answer": str(2 * i)}) for i in range(NUM_PROMPTS)]
+    key = enrollment.new_key()
     service = LearnerService(PromptSource(rows, epochs=1, seed=0),
                              service_config(queue_capacity=4, group_size=G, lease_seconds=5.0,
-                                            vocab_size=vocab_size_for(), heartbeat_interval_s=0.5))
+                                            vocab_size=vocab_size_for(), heartbeat_interval_s=0.5,
+                                            open_enrollment=False), enrollment_key=key)
     address = service.start()
     pool = RewardPool(RewardSpec(functions=[WeightedReward(ref="exact_match")]), num_workers=1)
     config = actor_config(base, group_size=G, max_tokens=8, max_model_len=64, kv_cache_gib=0.125,
                           prompts_per_batch=2, num_cpus=0)
-    fleet = start_named_fleet(config, address, pool.handles(), initial_actors=1)
+    fleet = start_named_fleet(config, address, pool.handles(), initial_actors=1, enrollment_key=key)
     trainer = Trainer(service)
     yield service, fleet, trainer
     trainer.close()
@@ -122,3 +127,7 @@ def test_scaling_and_replacing_actors_mid_run_loses_and_repeats_nothing(run):
     # done sampling (dataset exhausted) but alive: it keeps its heartbeat, so it is not reported stale
     views = {v.actor_id: v for v in service.actors_status()}
     assert views["actor-2"].seconds_since_heartbeat < 3 * 0.5 + 1
+    # the scaled-down and the crashed actor are retired; told so, the learner forgets and refuses them
+    assert ray.get(fleet.retired.remote()) == ["actor-1", "actor-0"]
+    service.retire(ray.get(fleet.retired.remote()))
+    assert {v.actor_id for v in service.actors_status()} == {"actor-2"}

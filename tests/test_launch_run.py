@@ -58,7 +58,9 @@ def test_a_failing_rollout_side_stops_the_service_and_the_ray_this_run_started(t
     monkeypatch.setattr(rl_mode.ray_cluster, "connect", lambda address: True)  # as if it started Ray
     monkeypatch.setattr(rl_mode.ray, "shutdown", lambda: shutdowns.append("ray"))
 
-    def failing_rollout_side(run, address):
+    monkeypatch.setattr(rl_mode, "fleet_enrollment_key", lambda run: None)  # no fleet left behind
+
+    def failing_rollout_side(run, address, enrollment_key):
         addresses.append(address)
         socket.create_connection(tuple(address.rsplit(":", 1)), timeout=5).close()  # serving now
         raise RuntimeError("no actors today")

@@ -27,7 +27,7 @@ from learner.service.accounting import balance_violations
 from learner.service.prompt_source import PromptSource
 from learner.service.server import LearnerService
 from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
-from tandem_wire.limits import CREDENTIAL_METADATA_KEY
+from tandem_wire.limits import CREDENTIAL_METADATA_KEY, ENROLLMENT_METADATA_KEY
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 64
@@ -96,12 +96,14 @@ def make_group(
 @contextlib.contextmanager
 def running_service(
     prompts: PromptSource | None = None, address: str = "127.0.0.1:0", service: LearnerService | None = None,
-    **config
+    enrollment_key: bytes | None = None, **config
 ) -> Iterator[tuple[LearnerService, str]]:
-    """Start ``service`` (default: a new one over ``prompts`` with ``config``) and stop it afterwards."""
+    """Start ``service`` (default: a new one over ``prompts`` with ``config``, enrolling under
+    ``enrollment_key``) and stop it afterwards."""
     config.setdefault("group_size", 4)
     config.setdefault("vocab_size", VOCAB)
-    service = service or LearnerService(prompts or PromptSource(make_prompts(32)), service_config(**config))
+    service = service or LearnerService(prompts or PromptSource(make_prompts(32)), service_config(**config),
+                                        enrollment_key=enrollment_key)
     bound = service.start(address)
     try:
         yield service, bound
@@ -184,19 +186,22 @@ def wire_accounting(stub: rpc.LearnerStub) -> dict[str, int]:
 
 class RawActor:
     """An actor that speaks the wire contract with a raw stub: it registers, holds the credential the
-    learner returns and sends it (or, for hostile tests, anything else) with every call."""
+    learner returns and sends it (or, for hostile tests, anything else) with every call, next to its
+    `enrollment` token when it has one."""
 
-    def __init__(self, address: str, actor_id: str, auth_token: str | None = None) -> None:
+    def __init__(self, address: str, actor_id: str, auth_token: str | None = None,
+                 enrollment: str | None = None) -> None:
         self.address = address
         self.actor_id = actor_id
         self.channel = grpc.insecure_channel(address, options=grpc_options())
         self.stub = rpc.LearnerStub(self.channel)
         self.token = ((("authorization", f"Bearer {auth_token}"),) if auth_token else ())
+        self.enrollment = ((ENROLLMENT_METADATA_KEY, enrollment),) if enrollment else ()
         self.credential: str | None = None
 
     def metadata(self, credential: str | None = None) -> tuple[tuple[str, str], ...]:
         credential = credential or self.credential
-        return self.token + (((CREDENTIAL_METADATA_KEY, credential),) if credential else ())
+        return self.token + self.enrollment + (((CREDENTIAL_METADATA_KEY, credential),) if credential else ())
 
     def register(self, capabilities: dict | None = None, weight_version: int = 0,
                  credential: str | None = None) -> pb.RegisterReply:

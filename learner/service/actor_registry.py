@@ -33,12 +33,14 @@ class UnknownCredential(CredentialRefused):
 
 
 class MalformedCredential(UnknownCredential):
-    """A credential header no learner could have minted (non-ASCII, over-long, wrong shape): a broken
-    or hostile client. `actor_id` is the id the call claimed ("" when it names none)."""
+    """A credential header (or, `header="enrollment"`, an enrollment header) no learner or fleet could
+    have minted (non-ASCII, over-long, wrong shape): a broken or hostile client. `actor_id` is the id
+    the call claimed ("" when it names none)."""
 
-    def __init__(self, actor_id: str) -> None:
-        super().__init__("malformed credential: register without one, or with the one you were given")
+    def __init__(self, actor_id: str, header: str = "credential") -> None:
+        super().__init__(f"malformed {header}: register without one, or with the one you were given")
         self.actor_id = actor_id
+        self.header = header
 
 
 class Superseded(CredentialRefused):
@@ -209,6 +211,13 @@ class ActorRegistry:
         return [dataclasses.replace(r, superseded=deque(r.superseded, maxlen=SUPERSEDED_KEPT))
                 for _, r in sorted(self._actors.items())]
 
+    def forget(self, actor_id: str) -> None:
+        """Drop `actor_id` (evicted, or retired by the fleet): its credentials stop working."""
+        record = self._actors.pop(actor_id, None)
+        if record is not None:
+            for registration_id in (record.registration_id, *record.superseded):
+                self._by_registration.pop(registration_id, None)
+
     def _supersede(self, record: ActorRecord) -> None:
         """A new incarnation replaces `record`'s: its credential is remembered as superseded."""
         if len(record.superseded) == record.superseded.maxlen:
@@ -223,7 +232,5 @@ class ActorRegistry:
             return True
         silent = sorted((r.last_seen, actor_id) for actor_id, r in self._actors.items() if r.stale)
         for _, actor_id in silent[: len(self._actors) - self._max_actors + 1]:
-            record = self._actors.pop(actor_id)
-            for registration_id in (record.registration_id, *record.superseded):
-                self._by_registration.pop(registration_id, None)
+            self.forget(actor_id)
         return len(self._actors) < self._max_actors

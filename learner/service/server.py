@@ -16,7 +16,8 @@ After load_state_dict() the trainer should publish its restored weights again (t
 version number is allowed once) so that actors can fetch them.
 
 Who may do what: every call needs the run's shared token when one is set (tandem_wire/auth.py).
-Register returns the actor's own credential (learner/service/actor_registry.py); Heartbeat, LeasePrompts,
+Register needs the enrollment token the run's fleet minted for the id (learner/service/enrollment.py)
+and returns the actor's own credential (learner/service/actor_registry.py); Heartbeat, LeasePrompts,
 StreamGroups and ReportWeights must carry it and may only act as that actor. FetchWeights and
 Status only read. Every field is checked against its documented bound at the door
 (learner/service/request_checks.py, learner/service/group_validation.py), and what each group gets is the
@@ -60,6 +61,7 @@ from learner.service.actor_registry import (
 )
 from learner.service.admission import Decision, Effect, PromptFacts, Rules, Sender, decide, examine, internal_error
 from learner.service.call_limits import AtCapacity, CallSlots
+from learner.service.enrollment import EnrollmentGate, NotEnrolled
 from learner.service.group_queue import GroupQueue, is_stale
 from learner.service.group_stream import GroupStream
 from learner.service.group_validation import CompletionRecord, GroupLimits, GroupRecord
@@ -78,7 +80,13 @@ from learner.wire_bounds import InvalidInput, check_int, check_text
 from tandem_wire import grpc_options, pb, rpc
 from tandem_wire.auth import BearerTokenInterceptor
 from tandem_wire.idle import IdleReaper
-from tandem_wire.limits import CREDENTIAL_METADATA_KEY, MAX_ACK_DETAIL_CHARS, MAX_ID_CHARS, MAX_LABEL_CHARS
+from tandem_wire.limits import (
+    CREDENTIAL_METADATA_KEY,
+    ENROLLMENT_METADATA_KEY,
+    MAX_ACK_DETAIL_CHARS,
+    MAX_ID_CHARS,
+    MAX_LABEL_CHARS,
+)
 
 __all__ = [
     "LearnerService",
@@ -95,6 +103,7 @@ STATE_FORMAT = 1
 MAX_PROMPTS_PER_LEASE = 1024
 WARNING_INTERVAL_S = 10.0  # at most one warning about re-registrations per interval
 MALFORMED_HEADER_LOG_S = 60.0  # at most one warning about malformed credential headers per actor id
+NOT_ENROLLED_LOG_S = 60.0  # at most one warning about refused registrations (retired, or not enrolled)
 
 
 class WeightsNotHeld(LookupError):
@@ -140,7 +149,9 @@ def served(method: Callable) -> Callable:
 class LearnerService(rpc.LearnerServicer):
     """gRPC servicer of tandem's Learner service plus the trainer-facing API."""
 
-    def __init__(self, prompts: PromptSource, config: ServiceConfig) -> None:
+    def __init__(self, prompts: PromptSource, config: ServiceConfig, *, enrollment_key: bytes | None = None) -> None:
+        """`enrollment_key`: the run's (tandem_wire/enrollment.py), shared with its fleet; None makes a
+        random one that nobody else holds, so only `server.open_enrollment` admits actors."""
         self.config = cfg = config
         self._prompts = prompts
         prompts.limit_leases(cfg.prompts_per_step, cfg.admission.max_staleness)
@@ -163,12 +174,14 @@ class LearnerService(rpc.LearnerServicer):
         self._stale = StaleLog()
         self._late = LateGroupWait(cfg.admission.late_group_wait_s)
         self._registry = ActorRegistry(cfg.max_actors, cfg.admission.actor_timeout_s)
+        self._enrollment = EnrollmentGate(enrollment_key, cfg.server.open_enrollment)
         self._group_streams = CallSlots("group streams", cfg.max_streams, cfg.max_streams_per_actor)
         self._weight_streams = CallSlots("weight streams", cfg.max_weight_streams)
         self._reaper = IdleReaper(cfg.stream_idle_timeout_s, self._reaped)
         self._sinks: dict[str, GroupStream] = {}  # actor_id -> its current group stream
         self._warned_at = -WARNING_INTERVAL_S
         self._malformed_log = KeyedThrottle(MALFORMED_HEADER_LOG_S)
+        self._not_enrolled_log = KeyedThrottle(NOT_ENROLLED_LOG_S)
         self._rules_cache = Rules(GroupLimits(0, cfg.group_size, cfg.vocab_size, cfg.max_prompt_tokens),
                                   cfg.admission.max_staleness)
         self._server: grpc.Server | None = None
@@ -361,6 +374,16 @@ class LearnerService(rpc.LearnerServicer):
         with self._cond:
             return self._queue.depth
 
+    def retire(self, actor_ids: Iterable[str]) -> None:
+        """The fleet replaced or removed these actors: their ids are refused from now on (Register, and
+        every call or stream of a registration they still hold)."""
+        with self._cond:
+            retired = self._enrollment.retire(actor_ids)
+            for actor_id in retired:
+                self._registry.forget(actor_id)
+        if retired:
+            log.info("retired actor ids %s: refused from now on", retired)
+
     def actors_status(self) -> list[ActorRecord]:
         """Every registered actor; `stale` ones have not been heard from for actor_timeout_s."""
         with self._cond:
@@ -420,8 +443,9 @@ class LearnerService(rpc.LearnerServicer):
         capabilities = request_checks.capabilities(request.capabilities)
         version = request_checks.served_version(request.weight_version)
         with self._cond:
+            self._enrollment.admit(actor_id, _header(context, ENROLLMENT_METADATA_KEY))
             registration = self._registry.register(actor_id, capabilities, self._versions.served(version),
-                                                   _credential(context))
+                                                   _header(context, CREDENTIAL_METADATA_KEY))
             if registration.superseded_seen_s is not None:
                 self._accounting.add("actors_superseded")
                 self._warn_throttled("actor %r registered again without its credential; its previous "
@@ -480,7 +504,7 @@ class LearnerService(rpc.LearnerServicer):
     ) -> Iterator[pb.GroupAck]:
         """Acks for the groups read (by a helper thread) plus CONSUMED/STALE acks sent later."""
         with self._cond:
-            actor = self._registry.authenticate(_credential(context))
+            actor = self._registry.authenticate(_header(context, CREDENTIAL_METADATA_KEY))
             actor_id, incarnation = actor.actor_id, actor.incarnation
         what = f"group stream of {actor_id!r}"
         with self._group_streams.hold(actor_id), self._reaper.watch(what, context.cancel) as progress:
@@ -567,16 +591,20 @@ class LearnerService(rpc.LearnerServicer):
 
     def _caller(self, context: grpc.ServicerContext, actor_id: str) -> ActorRecord:
         """The registered actor the call's credential names, which must be `actor_id`; heard from now."""
-        actor = self._registry.authenticate(_credential(context), actor_id)
+        actor = self._registry.authenticate(_header(context, CREDENTIAL_METADATA_KEY), actor_id)
         self._registry.touch(actor)
         return actor
 
     def _refuse(self, context: grpc.ServicerContext, method: str, error: Exception) -> None:
         """End a call with the status of `error` (see REFUSALS), counting it."""
-        if isinstance(error, MalformedCredential) and self._malformed_log.allow(error.actor_id[:MAX_ID_CHARS]):
-            log.warning("%s refused a malformed credential header (claimed actor %.64r); at most one such "
+        if isinstance(error, MalformedCredential) and self._malformed_log.allow(
+                (error.header, error.actor_id[:MAX_ID_CHARS])):
+            log.warning("%s refused a malformed %s header (claimed actor %.64r); at most one such "
                         "warning per actor per %.0f s, credentials_refused counts them all",
-                        method, error.actor_id, MALFORMED_HEADER_LOG_S)
+                        method, error.header, error.actor_id, MALFORMED_HEADER_LOG_S)
+        if isinstance(error, NotEnrolled) and self._not_enrolled_log.allow(NotEnrolled):
+            log.warning("%s refused: %.300s; at most one such warning per %.0f s, credentials_refused counts "
+                        "them all", method, error, NOT_ENROLLED_LOG_S)
         for kind, code, counter in REFUSALS:
             if isinstance(error, kind):
                 if counter is not None:
@@ -727,9 +755,9 @@ def _decoded(request: Any) -> Any:
     return request
 
 
-def _credential(context: grpc.ServicerContext) -> str | None:
-    """The `tandem-credential` metadata of the call, if any."""
+def _header(context: grpc.ServicerContext, name: str) -> str | None:
+    """The call's metadata `name` (tandem-credential, tandem-enrollment), if any."""
     for key, value in context.invocation_metadata() or ():
-        if key == CREDENTIAL_METADATA_KEY:
+        if key == name:
             return value if isinstance(value, str) else None
     return None

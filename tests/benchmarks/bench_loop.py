@@ -127,6 +127,7 @@ def run_loop(prepared, args: argparse.Namespace, split) -> dict:
     from launch import ray_cluster
     from launch.rl_mode import build_rl_learner
     from rewards.pool import RewardPool
+    from tandem_wire import enrollment
 
     config, rollout = prepared.config, prepared.config.rollout
     ray_cluster.connect(None)  # Ray's processes inherit the actor cores
@@ -136,10 +137,11 @@ def run_loop(prepared, args: argparse.Namespace, split) -> dict:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(prepared.model_dir)
-    loop = build_rl_learner(prepared, tokenizer)  # checkpoints only at the end (train.checkpoint_every)
+    key = enrollment.new_key()
+    loop = build_rl_learner(prepared, tokenizer, enrollment_key=key)  # checkpoints only at the end
     trainer, service, checkpointer = loop.trainer, loop.service, loop.checkpointer
     address = loop.start("127.0.0.1:0")
-    fleet = ActorFleet(config.actor_config(prepared.model_dir), address, pool.handles())
+    fleet = ActorFleet(config.actor_config(prepared.model_dir), address, pool.handles(), enrollment_key=key)
     fleet.scale(rollout.num_actors)
     marks: dict[str, tuple[float, dict[str, ActorStats]]] = {}
     waits: list[float] = []
