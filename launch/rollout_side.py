@@ -18,6 +18,7 @@ tokens they hold.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 from dataclasses import dataclass
@@ -76,6 +77,13 @@ def fleet_enrollment_key(run: Run) -> bytes | None:
     return ray.get(fleet.enrollment_key.remote(), timeout=60)
 
 
+def _same_key(fleet: ray.actor.ActorHandle, enrollment_key: bytes) -> bool:
+    try:
+        return hmac.compare_digest(ray.get(fleet.enrollment_key.remote(), timeout=60), enrollment_key)
+    except (ray.exceptions.RayError, TimeoutError):
+        return False
+
+
 def open_rollout_side(run: Run, learner_address: str, enrollment_key: bytes) -> RolloutSide:
     """Re-attach to this run's fleet if an earlier driver left one, else start reward workers and a fleet
     enrolling its actors under ``enrollment_key`` (the learner's)."""
@@ -86,18 +94,23 @@ def open_rollout_side(run: Run, learner_address: str, enrollment_key: bytes) -> 
     fleet = find_named_fleet(rollout.fleet_name)
     if fleet is not None:
         info = _describe(fleet)
-        if info is not None and info.run_key == key:
+        ours = info is not None and info.run_key == key
+        if ours and _same_key(fleet, enrollment_key):
             pool = RewardPool(spec, num_workers, actor_options=DETACHED, workers=info.reward_handles)
             moved = ray.get(fleet.attach.remote(learner_address))
             ray.get(fleet.scale.remote(rollout.num_actors))
             log.warning("re-attached to fleet %r left by an earlier driver of this run: actors %s now serve %s",
                         rollout.fleet_name, moved, learner_address)
             return RolloutSide(pool, fleet, attached=True)
-        if info is not None and info.idle_s < LIVE_DRIVER_S:
+        if ours:  # the learner was built without this fleet's key (it did not answer in time): its actors
+            # would be refused, so the fleet is replaced; the restored learner re-leases their prompts
+            log.warning("fleet %r holds another enrollment key than this learner: replacing it", rollout.fleet_name)
+        elif info is not None and info.idle_s < LIVE_DRIVER_S:
             raise ConfigError(f"rollout.fleet_name {rollout.fleet_name!r} is in use by a running run "
                               f"({info.run_key.split('#')[0]}); give this run another rollout.fleet_name")
-        log.warning("closing fleet %r left by another run or other settings (%s)", rollout.fleet_name,
-                    info.run_key if info else "not answering")
+        else:
+            log.warning("closing fleet %r left by another run or other settings (%s)", rollout.fleet_name,
+                        info.run_key if info else "not answering")
         close_named_fleet(rollout.fleet_name)
     pool = RewardPool(spec, num_workers, actor_options=DETACHED)
     try:
