@@ -14,14 +14,14 @@ import ray
 from rewards.pool import RewardChildError, RewardPool, RewardSpec, WeightedReward
 from rewards.types import RewardStats
 
+pytestmark = pytest.mark.slow  # Ray reward workers
+
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 1.0
 
 USER_MODULE = '''
 import asyncio, ctypes, math, os, time
 from rewards import reward
-
-pytestmark = pytest.mark.slow  # Ray reward workers
 
 def misbehave(prompt, completion, *, completion_ids, metadata):
     """Does what the completion says."""
