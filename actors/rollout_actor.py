@@ -13,15 +13,18 @@ downloads and checks a new version *while the engine keeps sampling*, then it is
 two engine steps. An idle engine loads it at once. A busy one (async mode) stops taking new prompts
 and drains: the groups in flight finish on the weights they started with, and the version is loaded
 when none is left, or after ``weight_drain_steps`` engine steps, when the rest are aborted and
-sampled again on the new weights (their tokens counted in ``tokens_aborted``). Either way every
-group comes from one version and carries the behaviour logprobs that produced it; its
+sampled again on the new weights (their tokens counted in ``tokens_aborted``); an actor blocked on
+the learner's credits does not step its engine, so nothing drains, and loads it at once. Either way
+every group comes from one version and carries the behaviour logprobs that produced it; its
 ``policy_version`` is that version, exact for the learner's staleness rule and importance ratios.
 (The alternative, PipelineRL's in-flight update, keeps the tokens and records a version per token;
 with completions as short as these, draining costs a few steps, wastes nothing, and keeps the wire
-format and the loss unchanged; measured in the README.) A version that
-fails its transfer or validation is reported and the actor keeps serving the one it has. A
-heartbeat thread reports liveness, version and throughput until ``stop()``, also after ``run()``
-returned (an idle actor is alive, not dead).
+format and the loss unchanged; measured in the README.) A version that fails its transfer or
+validation is reported and the actor keeps serving the one it has. The swap's state (what is
+pending, when it is due, what was rejected) is ``actors.pending_weights.PendingWeights``: the threads
+tell it what happened (a version fetched, an engine step, a credit wait) and load what it says is
+due (``_swap``). A heartbeat thread reports liveness, version and throughput until ``stop()``, also
+after ``run()`` returned (an idle actor is alive, not dead).
 
 Synchronous mode (``ActorConfig.sync``, with the learner's ``max_staleness=0``): the actor samples
 whole batches, and the lease budget with η = 0 paces it: after a batch sampled with version v it is
@@ -47,7 +50,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +61,7 @@ from actors.config import ActorConfig
 from actors.engine import CheckedWeights, RolloutEngine, Sample, SamplingSpec, WeightSetError
 from actors.groups import PROMPT_TOO_LONG, rejected_group, scored_group
 from actors.learner_client import LearnerClient, LearnerUnavailable, LeaseReply, Prompt, WeightTransferError
+from actors.pending_weights import PendingWeights
 from actors.scoring import RewardScorer
 from actors.stats import ActorStats, TimeShareMeter
 from actors.weight_relay import WeightRelayServer, relay_host_towards
@@ -77,14 +81,12 @@ class WeightUpdate:
     stall_s: float     # time the engine could not sample: aborting + loading under the engine lock
 
 
-@dataclass
-class _ReadyWeights:
-    """A fetched and checked version waiting for the engine to drain (streaming mode)."""
+@dataclass(frozen=True)
+class _Fetched:
+    """A version's weights, fetched and checked, as they wait in PendingWeights."""
 
-    version: int
     weights: CheckedWeights
     transfer_s: float
-    drain_steps_left: int
 
 
 @dataclass
@@ -146,7 +148,8 @@ class RolloutActor:
                                     tls_ca_path=config.tls_ca_path, on_announcement=self._ask_again.set,
                                     relay=self.relay, enrollment=enrollment)
         self.scorer = RewardScorer(reward_handles)
-        self.version = 0  # the HF dir the engine starts from is weight version 0
+        # the swap: the version served (the HF dir the engine starts from is version 0), the one pending
+        self._weights: PendingWeights[_Fetched] = PendingWeights(0, config.weight_drain_steps)
         self.max_prompt_tokens = min(config.max_prompt_tokens, self.engine.max_prompt_len)
         self.sampling = SamplingSpec(n=config.group_size, temperature=config.temperature, top_p=config.top_p,
                                      max_tokens=config.max_tokens, stop=list(config.stop),
@@ -164,16 +167,19 @@ class RolloutActor:
         self._idle = threading.Event()  # set while run() is not looping
         self._idle.set()
         self._fatal: BaseException | None = None
-        self._retry_after: dict[int, float] = {}  # failed version -> monotonic time it may be retried
         self._heartbeat_s = 1.0
         self._blocked_on_credits = False
         self._generating_since: float | None = None  # monotonic start of the running generate, if any
         self._threads: list[threading.Thread] = []  # weights + heartbeat, alive until stop()
         self._in_engine: dict[str, _InEngine] = {}  # async mode: group id -> its group being sampled
         self._scoring: list[_Scoring] = []  # async mode: sampled groups waiting for their scores
-        self._pending_weights: _ReadyWeights | None = None  # async mode: loaded once the engine drained
 
     # ------------------------------------------------------------------ public
+
+    @property
+    def version(self) -> int:
+        """The weight version the engine serves."""
+        return self._weights.served
 
     def capabilities(self) -> dict:
         from vllm import __version__ as vllm_version
@@ -309,7 +315,7 @@ class RolloutActor:
             if self._ask_again.is_set():
                 ask_after = 0.0  # our lease budget may have grown
             room = batch - len(self._in_engine)
-            draining = self._pending_weights is not None  # new prompts wait for the new weights
+            draining = self._weights.pending_version is not None  # new prompts wait for the new weights
             if (not exhausted and not draining and time.monotonic() >= ask_after
                     and (room >= max(1, batch // 2) or room == batch)):
                 reply = self._lease(room)
@@ -434,7 +440,9 @@ class RolloutActor:
             self.counters.groups_sent += 1
 
     def _send(self, group) -> None:
-        """Hand a group to the client; blocks while the learner has no credits for us (backpressure)."""
+        """Hand a group to the client; blocks while the learner has no credits for us (backpressure).
+        While blocked the engine is not stepped, so a pending version cannot drain: ``_force_load``
+        loads it instead of letting it wait for the learner's queue."""
         if self._stop.is_set():
             return  # stopping: the lease expires and the prompt is sampled again elsewhere
         self._blocked_on_credits = True
@@ -442,9 +450,9 @@ class RolloutActor:
             with self._idle_time("credit_wait_seconds"):
                 try:
                     self.client.send_group(group, timeout=CREDIT_POLL_S)
-                except TimeoutError:  # queued, and the learner's queue is full: a new version must not wait
-                    while not self.client.wait_for_credits(CREDIT_POLL_S):  # for it (nothing is drained now)
-                        self._load_when_drained(force=True)
+                except TimeoutError:  # queued, and the learner's queue is full
+                    while not self.client.wait_for_credits(CREDIT_POLL_S):
+                        self._force_load()
         except RuntimeError:
             if not self._stop.is_set():  # only stop() may close the client under us
                 raise
@@ -483,14 +491,13 @@ class RolloutActor:
                 return
 
     def _maybe_update_weights(self, latest: int) -> None:
-        """Fetch, verify and apply the learner's newest version whenever it differs from ours.
+        """Fetch and check the learner's newest version whenever it differs from ours, and offer it
+        to the swap: an idle engine loads it at once, a busy one once drained (``_load_when_drained``).
 
         Usually it is newer; it is older after the learner restarted from a checkpoint taken before
         the version we serve, and then we must go back to it (a group sampled with a version the
         learner never published would be refused as from the future)."""
-        pending = self._pending_weights
-        if (latest == self.version or (pending is not None and latest == pending.version)
-                or time.monotonic() < self._retry_after.get(latest, 0.0)):
+        if not self._weights.wants(latest, time.monotonic()):
             return
         start = time.perf_counter()
         try:
@@ -507,52 +514,45 @@ class RolloutActor:
             # the same bytes would fail again: wait for a newer version
             self._reject(staged.version, str(error), time.perf_counter() - start, retry_after_s=float("inf"))
             return
-        ready = _ReadyWeights(staged.version, checked, time.perf_counter() - start, self.config.weight_drain_steps)
+        fetched = _Fetched(checked, time.perf_counter() - start)
+        # sync mode never holds groups in the engine between two locked calls: always loaded at once
+        self._swap(lambda: self._weights.offer(staged.version, fetched, self.engine.in_flight))
+
+    def _load_when_drained(self) -> None:
+        """After an engine step (streaming): the pending version is loaded once the groups in flight
+        have finished on the weights they started with, or after weight_drain_steps engine steps (the
+        rest is aborted and sampled again on it). Draining instead of aborting at once wastes no
+        tokens when completions are short; the bound keeps long ones from holding new weights back."""
+        self._swap(lambda: self._weights.stepped(self.engine.in_flight))
+
+    def _force_load(self) -> None:
+        """Blocked on the learner's credits, the engine is not stepped and cannot drain: the pending
+        version is loaded now rather than wait for the learner's queue."""
+        self._swap(self._weights.force)
+
+    def _swap(self, event: Callable[[], None]) -> None:
+        """Tell the swap state what happened (``event``, under the engine lock) and load the version
+        it says is due, between two engine steps; the load is reported after the lock is released."""
         with self._engine_lock:
-            if self.engine.in_flight and not self.config.sync:
-                self._pending_weights = ready  # the sampling loop drains the engine, then loads it
+            event()
+            due = self._weights.due()
+            if due is None:
                 return
-            stall_s = self._load(ready)
-        self._loaded(ready, stall_s)
-
-    def _load_when_drained(self, force: bool = False) -> None:
-        """Streaming: load the pending version once the groups in flight have finished on the weights
-        they started with, or after weight_drain_steps engine steps (the rest is aborted and sampled
-        again on the new weights). Draining instead of aborting at once wastes no tokens when
-        completions are short; the bound keeps long ones from holding new weights back. `force`:
-        load now (the engine is not being stepped: we are blocked on the learner's credits)."""
-        with self._engine_lock:
-            ready = self._pending_weights
-            if ready is None:
-                return
-            if self.engine.in_flight and ready.drain_steps_left > 0 and not force:
-                ready.drain_steps_left -= 1
-                return
-            stall_s = self._load(ready)
-        self._loaded(ready, stall_s)
-
-    def _load(self, ready: _ReadyWeights) -> float:
-        """Apply a checked version between two engine steps (the caller holds the engine lock);
-        returns the stall."""
-        with self._engine_paused():
-            stall_s = self.engine.load_weights(ready.weights)
-            self.version = ready.version
-            self._pending_weights = None
-        return stall_s
-
-    def _loaded(self, ready: _ReadyWeights, stall_s: float) -> None:
-        """Count and report a version just loaded."""
-        self.counters.weight_updates.append(WeightUpdate(ready.version, ready.transfer_s, stall_s))
-        self._report_weights(ready.version, applied=True, detail="", stall_s=stall_s, transfer_s=ready.transfer_s)
+            with self._engine_paused():
+                stall_s = self.engine.load_weights(due.staged.weights)
+                self._weights.loaded(due.version)
+        transfer_s = due.staged.transfer_s
+        self.counters.weight_updates.append(WeightUpdate(due.version, transfer_s, stall_s))
+        self._report_weights(due.version, applied=True, detail="", stall_s=stall_s, transfer_s=transfer_s)
         self._ask_again.set()  # reported: the learner's lease budget for us has grown
-        log.debug("%s: applied weight version %d (transfer %.3fs, stall %.3fs)", self.actor_id, ready.version,
-                  ready.transfer_s, stall_s)
+        log.debug("%s: applied weight version %d (transfer %.3fs, stall %.3fs)", self.actor_id, due.version,
+                  transfer_s, stall_s)
 
     def _reject(self, version: int, detail: str, transfer_s: float, retry_after_s: float) -> None:
         log.warning("%s: weight version %d not applied, still serving %d: %s", self.actor_id, version,
                     self.version, detail)
         self.counters.weight_rejections += 1
-        self._retry_after[version] = time.monotonic() + retry_after_s
+        self._weights.reject(version, time.monotonic(), retry_after_s)
         self._report_weights(version, applied=False, detail=detail, stall_s=0.0, transfer_s=transfer_s)
 
     def _report_weights(self, version: int, **report) -> None:

@@ -62,7 +62,7 @@ def test_a_version_arriving_mid_sampling_drains_or_aborts_and_every_group_keeps_
 
     service.publish_weights(1, load_tensors(dirs[1]).items())
     actor._maybe_update_weights(1)  # what the weights thread does: fetched and checked, waiting
-    assert actor.version == 0 and actor._pending_weights.version == 1 and actor.engine.in_flight == 2
+    assert actor.version == 0 and actor._weights.pending_version == 1 and actor.engine.in_flight == 2
     steps = 0
     while actor._in_engine or actor._scoring:
         actor._step_engine()
@@ -71,7 +71,7 @@ def test_a_version_arriving_mid_sampling_drains_or_aborts_and_every_group_keeps_
         steps += 1
         if drain:
             assert actor.version == (1 if not actor._in_engine else 0)  # loaded only once drained
-    assert actor.version == 1 and actor.stats().versions_applied == (1,) and actor._pending_weights is None
+    assert actor.version == 1 and actor.stats().versions_applied == (1,) and actor._weights.pending_version is None
     if drain:
         expected_version, aborted = 0, 0
     else:  # loaded after the first step; at least the first token of each completion thrown away
