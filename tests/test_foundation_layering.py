@@ -96,3 +96,16 @@ def test_room_rule_sees_a_crossing(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert imported_learner_modules("learner.algo") == {
         "learner.rl_loop", "learner.rl_loop.RLLoop", "learner.service.server"}
+
+
+CODE_MAPS = ("learner", "learner/algo", "learner/service", "learner/weights", "actors", "models", "launch")
+
+
+@pytest.mark.parametrize("package", CODE_MAPS)
+def test_each_code_map_names_every_module_of_its_package(package):
+    """A package's README.md is its code map: a module missing from it is a room a reader cannot find."""
+    code_map = (ROOT / package / "README.md").read_text()
+    modules = sorted(p.name for p in (ROOT / package).glob("*.py") if p.name != "__init__.py")
+    assert modules, package
+    missing = [name for name in modules if f"`{name}`" not in code_map]
+    assert not missing, f"{package}/README.md does not name {missing}"
