@@ -73,11 +73,14 @@ def recorded_group(lease, version: int):
 @contextlib.contextmanager
 def actor_client(address: str, actor_id: str, abort) -> Iterator:
     """A registered LearnerClient for an actor thread; an error in it aborts the run (`abort(reason)`)."""
+    from reliability_helpers import ENROLLMENT_KEY
     from wire_helpers import CAPABILITIES
 
     from actors.learner_client import LearnerClient
+    from tandem_wire import enrollment
 
-    client = LearnerClient(address, actor_id)
+    # the learner is build_learner's: it admits the ids enrolled under the tests' key, as a fleet's
+    client = LearnerClient(address, actor_id, enrollment=enrollment.token(ENROLLMENT_KEY, actor_id))
     client.register({**CAPABILITIES, "group_size": GROUP_SIZE, "max_model_len": 64}, weight_version=0)
     try:
         yield client

@@ -12,14 +12,14 @@ from __future__ import annotations
 import threading
 
 import pytest
-from reliability_helpers import GROUP_SIZE, PROMPTS_PER_STEP, build_learner, tiny_run
+from reliability_helpers import ENROLLMENT_KEY, GROUP_SIZE, PROMPTS_PER_STEP, build_learner, tiny_run
 from wire_helpers import CAPABILITIES
 
 from actors.learner_client import LearnerClient
 from learner.algo.advantages import has_signal
 from learner.rl_loop import RLLoop
 from learner.service.accounting import balance_violations
-from tandem_wire import WIRE_VERSION, pb
+from tandem_wire import WIRE_VERSION, enrollment, pb
 
 STEPS = 3
 
@@ -36,7 +36,8 @@ def _group(lease, actor_id: str, version: int, zero_signal: bool) -> pb.ScoredGr
 
 
 def _actor(address: str, stop: threading.Event, latest_version) -> None:
-    client = LearnerClient(address, "actor-fill")
+    # build_learner's learner admits the ids enrolled under the tests' key, as a fleet's actors are
+    client = LearnerClient(address, "actor-fill", enrollment=enrollment.token(ENROLLMENT_KEY, "actor-fill"))
     client.register({**CAPABILITIES, "group_size": GROUP_SIZE, "max_model_len": 64}, weight_version=0)
     served = 0
     try:
