@@ -85,6 +85,7 @@ def data(tmp_path_factory):
     return write_jsonl(tmp_path_factory.mktemp("d") / "texts.jsonl", addition_texts(30))
 
 
+@pytest.mark.slow  # a training process killed and resumed
 def test_killed_and_resumed_run_equals_the_uninterrupted_run(hf_dir, data, tmp_path):
     ckpt = tmp_path / "ckpt"
     first = _run_worker(tmp_path / "first.log", "train-then-hang", hf_dir, data, ckpt, FIRST, tmp_path)

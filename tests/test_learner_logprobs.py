@@ -108,6 +108,7 @@ def test_chunking_bounds_logits_memory_in_forward_and_backward():
     assert full - chunked >= 2 * full_logits_bytes, (full, chunked)
 
 
+@pytest.mark.slow  # compiles the step at several batch sizes to read XLA's memory plan
 def test_logits_memory_is_bounded_by_tokens_not_by_the_batch():
     """Vocabulary 8k -> 16k on a 32 × 257 batch: the step's temp memory grows by a few [chunk_tokens, ΔV]
     fp32 copies (measured: about one at 64 tokens, four at 512), never by a [B, T, ΔV] copy (268 MB),

@@ -28,6 +28,8 @@ from models.jax_model import load_model, make_mesh
 from models.tiny import make_tiny_model
 
 DEMO_SHAPE = dict(num_layers=3, hidden_size=128, intermediate_size=384, num_heads=4, num_kv_heads=2, head_dim=32)
+pytestmark = pytest.mark.slow  # 40 SFT steps in three precisions, twice
+
 STEPS = 40
 PRECISIONS = {"float32": ("float32", "float32"), "mixed": ("float32", "bfloat16"), "bf16": ("bfloat16", "bfloat16")}
 
