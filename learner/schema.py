@@ -278,8 +278,14 @@ class ServiceConfig:
     """room for a reconnect while the old stream is torn down"""
     max_weight_streams: int = 32
     """concurrent FetchWeights calls"""
+    max_weight_streams_per_actor: int = 2
+    """concurrent FetchWeights calls of one registered actor (its credential names it)"""
+    max_anonymous_weight_streams: int = 4
+    """concurrent FetchWeights calls without a valid credential, all such callers together"""
     unary_workers: int = 32
     """workers left for Register, Heartbeat, LeasePrompts, ReportWeights, Status"""
+    unary_calls_per_actor: int = 8
+    """concurrent unary calls naming one actor id (an honest actor makes at most ~4 at once)"""
     stream_idle_timeout_s: float = 600.0
     """a group stream that receives and sends nothing (or a weight stream not read) this long is
     cancelled; honest actors send at least once per generate call (rollout.generate_timeout_s)"""

@@ -282,3 +282,62 @@ def test_a_200_connection_storm_leaves_status_answering_within_a_second():
         assert refused + cancelled == 200 and cancelled >= 64, codes
         assert (counts["calls_refused_busy"], counts["streams_idle_closed"]) == (refused, cancelled)
         assert_honest_actor_served(service, address)
+
+
+def _fetch(actor: RawActor, credential: bool) -> object:
+    """An unread FetchWeights call of `actor`, with its credential or (anonymous) the run token alone."""
+    request = pb.FetchWeightsRequest(wire_version=WIRE_VERSION, actor_id=actor.actor_id, version=0)
+    return actor.stub.FetchWeights(request, metadata=actor.metadata() if credential else actor.token)
+
+
+def test_8_one_actor_holds_at_most_its_share_of_the_weight_streams():
+    """Weight streams are capped per registered actor (its credential names it) and, for callers without
+    one, together: a hog opening 6 unread streams of each kind holds 2 + 4 of the 32, and another actor
+    fetches the whole version meanwhile."""
+    with running_service(weight_chunk_bytes=1 << 12) as (service, address):
+        service.publish_weights(1, [("w", np.zeros(1 << 22, np.float32))])  # 16 MiB: unread, a stream stays open
+        hog = raw_actor(address, "hog")
+        calls = [_fetch(hog, credential=True) for _ in range(6)] + [_fetch(hog, credential=False) for _ in range(6)]
+        try:
+            wait_until(lambda: _refused_busy(calls) == 6, timeout=30, what="the calls past the caps refused")
+            assert [not c.done() for c in calls] == [True] * 2 + [False] * 4 + [True] * 4 + [False] * 2
+            assert service.accounting()["calls_refused_busy"] == 6
+            other = connected_client(address, "neighbour", shared_memory=False)
+            staged = other.fetch_weights()
+            assert staged.version == 1
+            other.close()
+        finally:
+            for call in calls:
+                call.cancel()
+            hog.close()
+        assert_honest_actor_served(service, address)
+
+
+def test_9_one_actor_id_holds_at_most_its_share_of_the_unary_workers():
+    """Unary calls are capped per claimed actor id: while the service is busy (its lock held), 10
+    concurrent leases of one id hold 8 workers and 2 are refused at once; another actor's call waits
+    its turn and is answered."""
+    with running_service(PromptSource(make_prompts(64))) as (service, address):
+        hog, other = raw_actor(address, "hog"), raw_actor(address, "other")
+        results: list[object] = []
+
+        def lease(actor: RawActor) -> None:
+            try:
+                results.append(len(actor.lease(1)[0]))
+            except grpc.RpcError as error:
+                results.append(error.code())
+
+        with service._cond:  # every call that needs the service's state waits here
+            threads = [threading.Thread(target=lease, args=(hog,)) for _ in range(10)]
+            threads.append(threading.Thread(target=lease, args=(other,)))
+            for thread in threads:
+                thread.start()
+            wait_until(lambda: results.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 2, timeout=30,
+                       what="the hog's calls past its cap refused")
+        for thread in threads:
+            thread.join(timeout=30)
+        assert sorted(map(str, results)) == sorted(["1"] * 9 + [str(grpc.StatusCode.RESOURCE_EXHAUSTED)] * 2)
+        assert service.accounting()["calls_refused_busy"] == 2
+        hog.close()
+        other.close()
+        assert_honest_actor_served(service, address)

@@ -1,8 +1,9 @@
-"""Limits on the learner's long-lived calls (group streams, weight streams), so that no client can
-hold the workers the short calls need.
+"""Limits on the learner's calls (group streams, weight streams, unary calls), so that no client can
+hold the workers the others need.
 
-`CallSlots` caps how many calls of one kind run at once, in all and per key (actor); a call past a
-cap raises AtCapacity, which the servicer answers RESOURCE_EXHAUSTED at once, freeing its worker.
+`CallSlots` caps how many calls of one kind run at once, in all, per key (an actor id) and for the
+calls that name no authenticated actor (key None, one shared bucket); a call past a cap raises
+AtCapacity, which the servicer answers RESOURCE_EXHAUSTED at once, freeing its worker.
 The idle reaper (tandem_wire/idle.py) cancels calls that made no progress for a timeout.
 """
 
@@ -19,15 +20,17 @@ class AtCapacity(Exception):
 
 
 class CallSlots:
-    """At most `total` concurrent calls of one kind, and at most `per_key` per key (None = no per-key
-    cap). Thread-safe."""
+    """At most `total` concurrent calls of one kind, at most `per_key` per key (None = no per-key cap)
+    and at most `anonymous` together for key None (None: `per_key` applies to it too). Thread-safe."""
 
-    def __init__(self, what: str, total: int, per_key: int | None = None) -> None:
-        if total < 1 or (per_key is not None and per_key < 1):
-            raise ValueError(f"{what}: limits must be >= 1, got total={total} per_key={per_key}")
+    def __init__(self, what: str, total: int, per_key: int | None = None, anonymous: int | None = None) -> None:
+        if total < 1 or any(cap is not None and cap < 1 for cap in (per_key, anonymous)):
+            raise ValueError(f"{what}: limits must be >= 1, got total={total} per_key={per_key} "
+                             f"anonymous={anonymous}")
         self._what = what
         self._total = total
         self._per_key = per_key
+        self._anonymous = per_key if anonymous is None else anonymous
         self._lock = threading.Lock()
         self._held: Counter[str | None] = Counter()
         self._count = 0
@@ -38,8 +41,10 @@ class CallSlots:
         with self._lock:
             if self._count >= self._total:
                 raise AtCapacity(f"{self._total} {self._what} are open (the learner's limit)")
-            if self._per_key is not None and self._held[key] >= self._per_key:
-                raise AtCapacity(f"{self._per_key} {self._what} of {key!r} are open (the per-actor limit)")
+            cap = self._per_key if key is not None else self._anonymous
+            if cap is not None and self._held[key] >= cap:
+                whose = f"of {key!r}" if key is not None else "naming no registered actor"
+                raise AtCapacity(f"{cap} {self._what} {whose} are open (the per-actor limit)")
             self._held[key] += 1
             self._count += 1
         try:

@@ -122,6 +122,12 @@ REFUSALS: tuple[tuple[type[Exception], grpc.StatusCode, str | None], ...] = (
 )
 
 
+def _claimed_id(request: Any) -> str | None:
+    """The actor id a unary request names (bounded: the first MAX_ID_CHARS characters), else None."""
+    actor_id = getattr(request, "actor_id", "")
+    return actor_id[:MAX_ID_CHARS] if isinstance(actor_id, str) and actor_id else None
+
+
 def served(method: Callable) -> Callable:
     """Wraps an RPC method: a refusal it raises (REFUSALS) is answered with its status and counted;
     anything else is logged with its traceback, counted as an internal error and answered INTERNAL."""
@@ -139,7 +145,10 @@ def served(method: Callable) -> Callable:
     @functools.wraps(method)
     def unary(self: LearnerService, request: Any, context: grpc.ServicerContext) -> Any:
         try:
-            return method(self, request, context)
+            # keyed by the id the call claims (checked by the method): one id holds at most
+            # unary_calls_per_actor workers, and a call claiming another's id fails its credential check
+            with self._unary_calls.hold(_claimed_id(request)):
+                return method(self, request, context)
         except Exception as error:
             self._refuse(context, method.__name__, error)
 
@@ -176,7 +185,9 @@ class LearnerService(rpc.LearnerServicer):
         self._registry = ActorRegistry(cfg.max_actors, cfg.admission.actor_timeout_s)
         self._enrollment = EnrollmentGate(enrollment_key, cfg.server.open_enrollment)
         self._group_streams = CallSlots("group streams", cfg.max_streams, cfg.max_streams_per_actor)
-        self._weight_streams = CallSlots("weight streams", cfg.max_weight_streams)
+        self._weight_streams = CallSlots("weight streams", cfg.max_weight_streams, cfg.max_weight_streams_per_actor,
+                                         anonymous=cfg.max_anonymous_weight_streams)
+        self._unary_calls = CallSlots("unary calls", self._workers(), cfg.unary_calls_per_actor)
         self._reaper = IdleReaper(cfg.stream_idle_timeout_s, self._reaped)
         self._sinks: dict[str, GroupStream] = {}  # actor_id -> its current group stream
         self._warned_at = -WARNING_INTERVAL_S
@@ -194,9 +205,8 @@ class LearnerService(rpc.LearnerServicer):
         if self._server is not None:
             raise RuntimeError("service already started")
         cfg = self.config
-        workers = cfg.max_streams + cfg.max_weight_streams + cfg.unary_workers
         server = grpc.server(
-            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tandem-learner"),
+            ThreadPoolExecutor(max_workers=self._workers(), thread_name_prefix="tandem-learner"),
             options=self._server_options(),
             interceptors=[BearerTokenInterceptor(cfg.server.auth_token)] if cfg.server.auth_token else [],
         )
@@ -519,7 +529,8 @@ class LearnerService(rpc.LearnerServicer):
         domain = check_text("shared_memory_domain", request.shared_memory_domain, MAX_LABEL_CHARS)
         relay_address = request_checks.relay_address(request.relay_address)
         what = f"weight stream of {actor_id!r}"
-        with self._weight_streams.hold(), self._reaper.watch(what, context.cancel) as progress:
+        with self._weight_streams.hold(self._verified(context, actor_id)), \
+                self._reaper.watch(what, context.cancel) as progress:
             try:
                 weights = self._weights.acquire(version)
             except KeyError as error:
@@ -588,6 +599,21 @@ class LearnerService(rpc.LearnerServicer):
     def _budget_step(self, actor: ActorRecord) -> int:
         """`actor`'s budget step (learner/service/pacing.py) from the versions this learner published."""
         return budget_step(self._step, actor.weight_version, self._version_steps)
+
+    def _verified(self, context: grpc.ServicerContext, actor_id: str) -> str | None:
+        """`actor_id` when the call's credential is that registered actor's, else None (FetchWeights needs
+        only the run token; a call without a valid credential counts among the anonymous ones)."""
+        with self._cond:
+            try:
+                self._registry.authenticate(_header(context, CREDENTIAL_METADATA_KEY), actor_id)
+            except CredentialRefused:
+                return None
+        return actor_id
+
+    def _workers(self) -> int:
+        """The server's thread pool: every long call's cap plus the unary workers."""
+        cfg = self.config
+        return cfg.max_streams + cfg.max_weight_streams + cfg.unary_workers
 
     def _caller(self, context: grpc.ServicerContext, actor_id: str) -> ActorRecord:
         """The registered actor the call's credential names, which must be `actor_id`; heard from now."""
