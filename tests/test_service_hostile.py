@@ -300,7 +300,8 @@ def test_8_one_actor_holds_at_most_its_share_of_the_weight_streams():
         calls = [_fetch(hog, credential=True) for _ in range(6)] + [_fetch(hog, credential=False) for _ in range(6)]
         try:
             wait_until(lambda: _refused_busy(calls) == 6, timeout=30, what="the calls past the caps refused")
-            assert [not c.done() for c in calls] == [True] * 2 + [False] * 4 + [True] * 4 + [False] * 2
+            # which calls of a kind the server took first is up to its threads: count, per kind, the open ones
+            assert (sum(not c.done() for c in calls[:6]), sum(not c.done() for c in calls[6:])) == (2, 4)
             assert service.accounting()["calls_refused_busy"] == 6
             other = connected_client(address, "neighbour", shared_memory=False)
             staged = other.fetch_weights()
