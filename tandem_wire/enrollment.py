@@ -13,13 +13,12 @@ first) and `verify` compares bytes, so no presented value makes either raise.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
 
+from tandem_wire.hex_mac import HEX_MAC_CHARS, hex_mac, is_lower_hex, same
+
 KEY_BYTES = 32
-TOKEN_CHARS = 2 * hashlib.sha256().digest_size
-_HEX = frozenset("0123456789abcdef")
+TOKEN_CHARS = HEX_MAC_CHARS
 
 
 def new_key() -> bytes:
@@ -29,16 +28,14 @@ def new_key() -> bytes:
 
 def token(key: bytes, actor_id: str) -> str:
     """The enrollment token of `actor_id` under `key`."""
-    return hmac.new(key, actor_id.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+    return hex_mac(key, actor_id)
 
 
 def well_formed(presented: object) -> bool:
     """Whether `presented` has the shape of a token: 64 lowercase hex digits."""
-    return isinstance(presented, str) and len(presented) == TOKEN_CHARS and _HEX.issuperset(presented)
+    return isinstance(presented, str) and len(presented) == TOKEN_CHARS and is_lower_hex(presented)
 
 
 def verify(key: bytes, actor_id: str, presented: object) -> bool:
     """Whether `presented` is `actor_id`'s token under `key`; False, never an exception, for any value."""
-    if not well_formed(presented):
-        return False
-    return hmac.compare_digest(presented.encode(), token(key, actor_id).encode())  # type: ignore[union-attr]
+    return well_formed(presented) and same(presented, token(key, actor_id))  # type: ignore[arg-type]

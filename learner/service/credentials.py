@@ -9,18 +9,17 @@ work) is the actor registry's business; this module only mints and checks.
 A credential arrives as a gRPC header, which the server decodes from raw HTTP/2 bytes as UTF-8 or
 Latin-1: any string of any length and characters may be presented. `well_formed` accepts only the
 exact shape this module mints (lowercase hex, one dot, fixed length) and `verify` compares bytes, so
-no presented value makes either raise.
+no presented value makes either raise (tandem_wire/hex_mac.py, shared with the enrollment tokens).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
 
+from tandem_wire.hex_mac import HEX_MAC_CHARS, hex_mac, is_lower_hex, same
+
 REGISTRATION_ID_BYTES = 16
-CREDENTIAL_CHARS = 2 * REGISTRATION_ID_BYTES + 1 + 2 * hashlib.sha256().digest_size
-_HEX = frozenset("0123456789abcdef")
+CREDENTIAL_CHARS = 2 * REGISTRATION_ID_BYTES + 1 + HEX_MAC_CHARS
 
 
 class CredentialMinter:
@@ -40,13 +39,10 @@ class CredentialMinter:
         registration_id = registration_id_of(credential)
         if registration_id is None:
             return False
-        expected = f"{registration_id}.{self._mac(actor_id, registration_id)}"
-        # Both are ASCII once well formed; compare bytes anyway, so no text can make compare_digest raise.
-        return hmac.compare_digest(_as_bytes(credential), _as_bytes(expected))
+        return same(credential, f"{registration_id}.{self._mac(actor_id, registration_id)}")
 
     def _mac(self, actor_id: str, registration_id: str) -> str:
-        message = _as_bytes(f"{actor_id}\n{registration_id}")
-        return hmac.new(self._key, message, hashlib.sha256).hexdigest()
+        return hex_mac(self._key, f"{actor_id}\n{registration_id}")
 
 
 def well_formed(credential: object) -> bool:
@@ -56,14 +52,9 @@ def well_formed(credential: object) -> bool:
         return False
     registration_id, dot, mac = credential.partition(".")
     return (dot == "." and len(registration_id) == 2 * REGISTRATION_ID_BYTES
-            and _HEX.issuperset(registration_id) and _HEX.issuperset(mac))
+            and is_lower_hex(registration_id) and is_lower_hex(mac))
 
 
 def registration_id_of(credential: object) -> str | None:
     """The registration id a well-formed credential names, else None."""
     return credential.partition(".")[0] if well_formed(credential) else None  # type: ignore[union-attr]
-
-
-def _as_bytes(text: str) -> bytes:
-    """`text` as UTF-8; a lone surrogate (which strict UTF-8 refuses) passes through as bytes."""
-    return text.encode("utf-8", "surrogatepass")

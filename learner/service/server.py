@@ -25,8 +25,10 @@ admission table's decision (learner/service/admission.py): the servicer decodes,
 
 Threads: gRPC runs each call on one pool of max_streams + max_weight_streams + unary_workers
 workers. Group streams (at most max_streams, max_streams_per_actor per actor) and weight streams
-(at most max_weight_streams) hold a worker each for their lifetime; a call past a cap is refused
-RESOURCE_EXHAUSTED at once, so `unary_workers` always remain for the short calls. A group stream
+(at most max_weight_streams, max_weight_streams_per_actor per registered actor and
+max_anonymous_weight_streams without a credential) hold a worker each for their lifetime; a call past
+a cap is refused RESOURCE_EXHAUSTED at once, so `unary_workers` always remain for the short calls, of
+which one actor id holds at most unary_calls_per_actor at a time. A group stream
 also has a reader thread (learner/service/group_stream.py). Long calls without progress for
 stream_idle_timeout_s are cancelled. All shared state is guarded by one condition variable.
 """
