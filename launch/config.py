@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -212,27 +213,34 @@ class KeyDoc:
     description: str
 
 
-def _section_type(annotation: Any) -> type | None:
+def section_type(annotation: Any) -> type | None:
+    """`annotation` when it is a config section (a pydantic model or a dataclass), else None."""
     if isinstance(annotation, type) and (issubclass(annotation, BaseModel) or dataclasses.is_dataclass(annotation)):
         return annotation
     return None
 
 
-def _fields(section: type) -> list[tuple[str, Any, Any, str]]:
-    """(name, annotation, default, description) of each field of a pydantic model or dataclass section."""
+def section_fields(section: type) -> list[tuple[str, Any, Any, str]]:
+    """(name, annotation, default, description) of each field of a pydantic model or dataclass section
+    (--help and docs/config.md both read them here)."""
     if issubclass(section, BaseModel):
         return [(name, f.annotation, f.get_default(call_default_factory=True), f.description or "")
                 for name, f in section.model_fields.items()]
+    hints = typing.get_type_hints(section)
     properties = TypeAdapter(section).json_schema().get("properties", {})
-    return [(f.name, f.type if isinstance(f.type, type) else None, f.default,
-             properties.get(f.name, {}).get("description", "")) for f in dataclasses.fields(section)]
+    return [(f.name, hints[f.name], _default(f), properties.get(f.name, {}).get("description", ""))
+            for f in dataclasses.fields(section)]
+
+
+def _default(field: dataclasses.Field) -> Any:
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
 
 
 def documented_keys(section: type = TandemConfig, prefix: str = "") -> list[KeyDoc]:
     """Every settable dotted key under ``section``, with its default and its documentation."""
     out: list[KeyDoc] = []
-    for name, annotation, default, description in _fields(section):
-        nested = _section_type(annotation)
+    for name, annotation, default, description in section_fields(section):
+        nested = section_type(annotation)
         if nested is not None:
             out += documented_keys(nested, f"{prefix}{name}.")
         else:

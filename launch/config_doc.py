@@ -22,14 +22,13 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter
 from pydantic_core import PydanticUndefined
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python launch/config_doc.py` as well as `python -m launch.config_doc`
     sys.path.insert(0, str(ROOT))
 
-from launch.config import TandemConfig, _shown  # noqa: E402
+from launch.config import TandemConfig, _shown, section_fields, section_type  # noqa: E402
 
 OUTPUT = ROOT / "docs" / "config.md"
 
@@ -49,14 +48,10 @@ reads it. An empty description means the field has none in the code.
 """
 
 
-def _is_section(annotation: Any) -> bool:
-    return isinstance(annotation, type) and (issubclass(annotation, BaseModel) or dataclasses.is_dataclass(annotation))
-
-
 def _list_item_section(annotation: Any) -> type | None:
     """The item type of a `list[Section]` field, else None."""
     args = typing.get_args(annotation)
-    if typing.get_origin(annotation) is list and len(args) == 1 and _is_section(args[0]):
+    if typing.get_origin(annotation) is list and len(args) == 1 and section_type(args[0]):
         return args[0]
     return None
 
@@ -101,25 +96,6 @@ class Table:
     rows: list[Row] = dataclasses.field(default_factory=list)
 
 
-def _fields(section: type) -> list[tuple[str, Any, Any, str]]:
-    """(name, type, default, description) of each field of a pydantic model or dataclass."""
-    if issubclass(section, BaseModel):
-        out = []
-        for name, field in section.model_fields.items():
-            default = field.get_default(call_default_factory=True)
-            out.append((name, field.annotation, default, field.description or ""))
-        return out
-    hints = typing.get_type_hints(section)
-    properties = TypeAdapter(section).json_schema().get("properties", {})
-    out = []
-    for field in dataclasses.fields(section):
-        default = field.default
-        if default is dataclasses.MISSING and field.default_factory is not dataclasses.MISSING:
-            default = field.default_factory()
-        out.append((field.name, hints[field.name], default, properties.get(field.name, {}).get("description", "")))
-    return out
-
-
 def _clean(text: str) -> str:
     return " ".join(text.split())
 
@@ -128,8 +104,8 @@ def tables(section: type = TandemConfig, prefix: str = "", description: str = ""
     """The section's own keys as one table, then each nested section's, depth first."""
     own = Table(prefix.rstrip("."), _clean(description), f"{section.__module__}:{section.__qualname__}")
     nested: list[Table] = []
-    for name, annotation, default, text in _fields(section):
-        if _is_section(annotation):
+    for name, annotation, default, text in section_fields(section):
+        if section_type(annotation):
             nested += tables(annotation, f"{prefix}{name}.", text)
             continue
         shown = "(required)" if default is PydanticUndefined or default is dataclasses.MISSING else _shown(default)
