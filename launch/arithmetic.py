@@ -3,7 +3,9 @@
 The stages are chosen so that RL has room to improve for a reason that does not depend on how far
 a stage happened to train (see docs/demo.md, "Why this design"):
   pretraining  plain-text lines with both operations: "123+456=579" and "579-123=456";
-  SFT          the chat format, with *addition only*: "<user>123+456<asst>" -> "579<eos>";
+  SFT          the chat format, with *addition only*: "<user>123+456<asst>" -> "579<eos>", among
+               plain-text lines replayed from pretraining's distribution (half the rows), which
+               keep SFT from overwriting the differences pretraining taught;
   RL           chat-format *subtraction*, "<user>579-123<asst>": no supervised example shows
                it, so only the verifier (exact match) says which answer is right.
 
@@ -12,6 +14,7 @@ operation of a held-out pair is ever trained on). Files written (jsonl, `dataset
   pretrain.jsonl          {"text": "123+456=579"} / {"text": "579-123=456"}
   sft.jsonl               {"messages": [{"role": "user", "content": "123+456"},
                                         {"role": "assistant", "content": "579"}]}
+                          and, replayed, {"text": "123+456=579"} / {"text": "579-123=456"}
   rl.jsonl                {"prompt": "579-123", "answer": "456"}
   heldout.jsonl           the RL task on held-out pairs (chat subtraction): every stage's eval
   heldout_addition.jsonl  the SFT task on held-out pairs (chat addition)
@@ -65,6 +68,7 @@ def make_arithmetic_data(
     sft_examples: int = 20_000,
     rl_prompts: int = 20_000,
     subtraction_fraction: float = 0.5,
+    sft_replay_fraction: float = 0.5,
 ) -> dict[str, Path]:
     """Write the splits under out_dir and return their paths (deterministic for a seed)."""
     out_dir = Path(out_dir)
@@ -80,14 +84,17 @@ def make_arithmetic_data(
     held_sub, held_add = held_order[:heldout], held_order[heldout:]
     train = _pairs(rng, digits, held)
 
-    def pretrain_rows() -> Iterator[dict]:
-        for _ in range(pretrain_lines):
-            operation = subtraction if rng.random() < subtraction_fraction else addition
-            question, answer = operation(*next(train))
-            yield {"text": f"{question}={answer}"}
+    def plain_line() -> dict:
+        operation = subtraction if rng.random() < subtraction_fraction else addition
+        question, answer = operation(*next(train))
+        return {"text": f"{question}={answer}"}
 
     def chat(question: str, answer: str) -> dict:
         return {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}
+
+    def sft_rows() -> Iterator[dict]:
+        for _ in range(sft_examples):
+            yield plain_line() if rng.random() < sft_replay_fraction else chat(*addition(*next(train)))
 
     def prompts(operation, pairs: Iterable[tuple[int, int]], suffix: str = "") -> Iterator[dict]:
         for pair in pairs:
@@ -98,8 +105,8 @@ def make_arithmetic_data(
         return (next(train) for _ in range(count))
 
     return {
-        "pretrain": _write_jsonl(out_dir / "pretrain.jsonl", pretrain_rows()),
-        "sft": _write_jsonl(out_dir / "sft.jsonl", (chat(*addition(*p)) for p in fresh(sft_examples))),
+        "pretrain": _write_jsonl(out_dir / "pretrain.jsonl", (plain_line() for _ in range(pretrain_lines))),
+        "sft": _write_jsonl(out_dir / "sft.jsonl", sft_rows()),
         "rl": _write_jsonl(out_dir / "rl.jsonl", prompts(subtraction, fresh(rl_prompts))),
         "heldout": _write_jsonl(out_dir / "heldout.jsonl", prompts(subtraction, held_sub)),
         "heldout_addition": _write_jsonl(out_dir / "heldout_addition.jsonl", prompts(addition, held_add)),

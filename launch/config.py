@@ -83,8 +83,9 @@ class DataConfig(ChatFormat):
     columns hold what (learner.chat_format.ChatFormat declares the prompt's columns and template).
 
     rl and eval: rows with the user text (`prompt_field`) and the reference answer (`answer_field`),
-    asked as [system_prompt?, user(prompt_template)]; sft: rows with `messages`, or prompt/completion
-    rows (`prompt_field`, `completion_field`) asked the same way; pretrain: rows with `text`.
+    asked as [system_prompt?, user(prompt_template)]; sft: rows with `messages` (rows there with `text`
+    instead are plain-text documents replayed among the chats), or prompt/completion rows
+    (`prompt_field`, `completion_field`) asked the same way; pretrain: rows with `text`.
     `task: arithmetic` generates the demo's data under run_dir.
     """
 
@@ -189,7 +190,8 @@ class TandemConfig(Section):
     def eval_settings(self) -> dict[str, Any]:
         """Keyword arguments of launch.evaluation.Evaluator (besides the model, examples and scorer)."""
         rollout = self.rollout
-        return {"k": self.train.eval_k, "max_tokens": rollout.max_tokens, "temperature": rollout.temperature,
+        temperature = rollout.temperature if self.train.eval_temperature is None else self.train.eval_temperature
+        return {"k": self.train.eval_k, "max_tokens": rollout.max_tokens, "temperature": temperature,
                 "max_model_len": rollout.max_model_len, "kv_cache_gib": self.train.eval_kv_cache_gib,
                 "dtype": self.model.dtype, "seed": self.seed}
 

@@ -50,7 +50,7 @@ class DataConfig(ChatFormat):
     seed: int = 0
     shuffle: bool = True
     messages_field: str = "messages"  # sft (else prompt_field and completion_field)
-    text_field: str = "text"  # pretrain
+    text_field: str = "text"  # pretrain; sft rows with a text and no messages (pretraining replay)
     num_proc: int | None = None  # tokenization processes (datasets.map)
 
 
@@ -137,8 +137,19 @@ def pretrain_documents(tokenizer, texts: list[str]) -> list[list[int]]:
     return [bos + list(ids) + eos for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-def _sft_columns(tokenizer, conversations: list[list[dict]]) -> dict[str, list[list[int]]]:
-    examples = [sft_example(tokenizer, messages) for messages in conversations]
+def _sft_columns(tokenizer, conversations: list[list[dict] | None],
+                 texts: list[str | None] | None = None) -> dict[str, list[list[int]]]:
+    """Ids and loss masks of SFT rows; a row with no conversation but a text (`texts`) is a plain-text
+    document with loss on every token: pretraining data replayed among the chats, which keeps what
+    pretraining taught from being overwritten by a narrow SFT set (docs/demo.md measures it)."""
+    texts = texts or [None] * len(conversations)
+    examples = []
+    for messages, text in zip(conversations, texts, strict=True):
+        if messages or text is None:
+            examples.append(sft_example(tokenizer, messages))
+        else:
+            (ids,) = pretrain_documents(tokenizer, [text])
+            examples.append((ids, [1] * len(ids)))
     return {"input_ids": [ids for ids, _ in examples], "loss_mask": [mask for _, mask in examples]}
 
 
@@ -148,7 +159,7 @@ def tokenize_rows(rows: datasets.Dataset, tokenizer, config: DataConfig) -> data
     if config.kind == "sft" and config.messages_field in columns:
 
         def fn(batch):
-            return _sft_columns(tokenizer, batch[config.messages_field])
+            return _sft_columns(tokenizer, batch[config.messages_field], batch.get(config.text_field))
     elif config.kind == "sft":
         pair = (config.prompt_field, config.completion_field)
         if not set(pair) <= set(columns):

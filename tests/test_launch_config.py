@@ -67,14 +67,19 @@ def test_arithmetic_heldout_is_excluded_from_every_stage(tmp_path):
     held = {pair(r["prompt"]) for split in ("heldout", "heldout_addition", "heldout_raw") for r in rows[split]}
     assert len({pair(r["prompt"]) for r in rows["heldout"]}) == 100
     assert len({pair(r["prompt"]) for r in rows["heldout_addition"]}) == 100
-    trained = ({pair(r["text"].split("=")[0]) for r in rows["pretrain"]}
-               | {pair(r["messages"][0]["content"]) for r in rows["sft"]} | {pair(r["prompt"]) for r in rows["rl"]})
+    sft_chats = [r for r in rows["sft"] if "messages" in r]
+    sft_replayed = [r for r in rows["sft"] if "text" in r]
+    assert len(sft_chats) + len(sft_replayed) == 2000 and 0.4 < len(sft_replayed) / 2000 < 0.6
+    trained = ({pair(r["text"].split("=")[0]) for r in rows["pretrain"] + sft_replayed}
+               | {pair(r["messages"][0]["content"]) for r in sft_chats} | {pair(r["prompt"]) for r in rows["rl"]})
     assert not held & trained  # neither operation of a held-out pair is ever trained on
-    # the RL task and its held-out set are chat-format differences; SFT shows sums only
+    # the RL task and its held-out set are chat-format differences; SFT's chats show sums only, its
+    # replayed plain-text lines both operations, as pretraining's do
     for r in rows["rl"][:50] + rows["heldout"][:50]:
         a, b = r["prompt"].split("-")
         assert int(a) >= int(b) and int(r["answer"]) == int(a) - int(b)
-    assert all("+" in r["messages"][0]["content"] for r in rows["sft"])
+    assert all("+" in r["messages"][0]["content"] for r in sft_chats)
+    assert 0.3 < sum("-" in r["text"] for r in sft_replayed) / len(sft_replayed) < 0.7
     assert [r["prompt"] + "=" for r in rows["heldout"]] == [r["prompt"] for r in rows["heldout_raw"]]
     assert 0.4 < sum("-" in r["text"] for r in rows["pretrain"]) / len(rows["pretrain"]) < 0.6
 

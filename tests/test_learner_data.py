@@ -147,6 +147,24 @@ def test_sft_messages_rows_win_over_prompt_completion_columns_and_take_no_templa
                                                     "4<|im_end|>\n")
 
 
+def test_sft_rows_with_text_instead_of_messages_are_replayed_documents_with_loss_on_every_token(tokenizer, tmp_path):
+    chat = {"messages": [{"role": "user", "content": "12+34"}, {"role": "assistant", "content": "46"}]}
+    rows = [chat, {"text": "46-12=34"}, chat]
+    source = write_jsonl(tmp_path / "mixed.jsonl", rows)
+    config = DataConfig(kind="sft", source=str(source), seq_len=SEQ, batch_size=1, shuffle=False)
+    examples = tokenize_rows(load_rows(str(source)), tokenizer, config)
+    assert len(examples) == 3
+    assert (examples[0]["input_ids"], examples[0]["loss_mask"]) == sft_example(tokenizer, chat["messages"])
+    document = [tokenizer.bos_token_id, *tokenizer.encode("46-12=34", add_special_tokens=False),
+                tokenizer.eos_token_id]
+    assert examples[1]["input_ids"] == document and examples[1]["loss_mask"] == [1] * len(document)
+    assert sum(examples[0]["loss_mask"]) < len(examples[0]["input_ids"])  # the chat's prompt stays unmasked
+    # a row with neither is refused, as a row without messages always was
+    bad = write_jsonl(tmp_path / "bad.jsonl", [chat, {"text": None, "messages": None}])
+    with pytest.raises(ValueError, match="messages must be a non-empty list"):
+        tokenize_rows(load_rows(str(bad)), tokenizer, config)
+
+
 def test_sft_rows_of_neither_shape_fail_naming_both(chatml, tmp_path):
     source = write_jsonl(tmp_path / "gsm8k.jsonl", [{"question": "q", "answer": "a"}])
     config = DataConfig(kind="sft", source=str(source), seq_len=64, batch_size=1, prompt_field="question")
