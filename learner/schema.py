@@ -153,6 +153,9 @@ class TrainConfig(Section):
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
     eval_every: int = Field(0, ge=0, description="rl: evaluate every this many steps; 0 = only at the end")
     eval_k: int = Field(8, ge=1, description="samples per prompt for pass@k")
+    eval_temperature: float | None = Field(None, ge=0, description="temperature of the held-out samples "
+                                                                   "(pass@k, the pass rate); default: "
+                                                                   "rollout.temperature")
     eval_kv_cache_gib: float = Field(0.25, gt=0, description="KV cache of the evaluator's vLLM engine")
     logits_chunk_tokens: int = Field(2048, ge=1, description="tokens (rows × time steps) unembedded at once "
                                                              "by the learner: its logits memory is a few "

@@ -4,11 +4,12 @@ than runs differ from one another.
 
 The checkpoint it starts from is built the demo's way, unshortened: the demo's data
 (launch/arithmetic.py's defaults, 2 digits), pretraining (launch/configs/demo_pretrain.yaml, 3600
-steps), SFT (demo_sft.yaml), then the RL stage as configured (40 steps). Measured here (seed 0, beside
-another test run; 512 held-out pairs): after SFT greedy 0.094, pass@8 0.182; after RL greedy 0.889,
-in 468 + 103 + 210 s. The README's demo seeds start at 0.090-0.229 and end at 0.971-0.986.
+steps), SFT (demo_sft.yaml: 60 steps, half its rows plain-text lines replayed), then the RL stage as
+configured (80 steps). The demo's five seeds on one machine (2026-12-03) started RL at 0.10-0.55 greedy
+and ended at 0.94-0.95; seed 0, the one built here, 0.104 -> 0.949 on that machine. The bar after RL
+(AFTER_AT_LEAST) is well below that, since another machine's pretraining ends elsewhere.
 
-Until this session the test saved ~100 s with 3000 pretraining steps and a quarter of the data. That
+An earlier version of this test saved ~100 s with 3000 pretraining steps and a quarter of the data. That
 gave the weakest start seen (greedy 0.059, pass@8 0.090), from which the outcome was bimodal: 2 runs
 of 6 took off (0.945-0.98), 4 stalled at 0.25-0.27 with the policy's entropy collapsing, whatever
 the number of fill batches (4 or 8). CI failed on it. The demo a user runs is what must learn.
@@ -33,6 +34,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "launch" / "configs"
 SEED = 0
 HELDOUT = 512  # the demo's held-out pairs
 MARGIN = 0.20  # greedy accuracy after RL minus before, at least (issue 13's bar for the demo)
+AFTER_AT_LEAST = 0.75  # greedy accuracy after RL (5 seeds on one machine: 0.94-0.95)
 PLATEAU_LOSS = 1.2  # mean pretraining loss over the last 100 steps is below this once past the transition
 COMMON = [f"seed={SEED}", "mesh.fsdp=1", f"data.eval_examples={HELDOUT}"]
 
@@ -98,6 +100,7 @@ def test_the_demo_rl_stage_raises_held_out_accuracy(demo_rl):
     assert after["examples"] == before["examples"] == HELDOUT
     gain = after["pass@1_greedy"] - before["pass@1_greedy"]
     assert gain >= MARGIN, f"greedy {before['pass@1_greedy']:.3f} -> {after['pass@1_greedy']:.3f} after RL"
+    assert after["pass@1_greedy"] >= AFTER_AT_LEAST, after
     assert after["pass@8"] >= before["pass@8"], (before, after)
     # every token the learner trained on or dropped was sampled by the actor, and asynchrony wasted little
     tokens = summary["tokens"]

@@ -62,6 +62,9 @@ def test_the_eval_settings_carry_the_run_config():
                                 "rollout.max_tokens=9", "rollout.temperature=0.7", "rollout.max_model_len=99"])
     assert config.eval_settings() == {"k": 3, "max_tokens": 9, "temperature": 0.7, "max_model_len": 99,
                                       "kv_cache_gib": 0.5, "dtype": "bfloat16", "seed": 4}
+    # train.eval_temperature, when set, replaces the sampling temperature for held-out samples only
+    assert load_config(None, ["rollout.temperature=1.2", "train.eval_temperature=1.0"]).eval_settings()[
+        "temperature"] == 1.0
     defaults = load_config(None).eval_settings()  # what the evaluator had hard-coded
     assert (defaults["kv_cache_gib"], defaults["dtype"]) == (0.25, "float32")
 
