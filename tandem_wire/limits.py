@@ -26,6 +26,9 @@ MAX_GROUPS_IN_FLIGHT = 1 << 20
 # What an ack echoes: the group id up to MAX_ID_CHARS, the detail up to this.
 MAX_ACK_DETAIL_CHARS = 256
 
+# Request headers (gRPC metadata) of one call, all together; a call over it is refused RESOURCE_EXHAUSTED.
+MAX_METADATA_BYTES = 16 * 1024
+
 # Metadata key of the per-actor credential that Register returns (every later call carries it).
 CREDENTIAL_METADATA_KEY = "tandem-credential"
 # Metadata key of the enrollment token the fleet minted for an actor (tandem_wire/enrollment.py), sent on Register.

@@ -24,7 +24,7 @@ from wire_helpers import (
 from learner.service.actor_registry import MalformedCredential
 from learner.service.enrollment import EnrollmentGate, NotEnrolled
 from tandem_wire import WIRE_VERSION, enrollment, pb
-from tandem_wire.limits import ENROLLMENT_METADATA_KEY
+from tandem_wire.limits import ENROLLMENT_METADATA_KEY, MAX_METADATA_BYTES
 
 KEY = b"k" * enrollment.KEY_BYTES
 CLOSED = {"enrollment_key": KEY, "open_enrollment": False}
@@ -193,6 +193,10 @@ def test_a_malformed_enrollment_header_is_unauthenticated_not_internal(caplog):
         over_long = RawActor(address, "a", enrollment="0" * 8000)
         assert _code(over_long.register) == grpc.StatusCode.UNAUTHENTICATED
         over_long.close()
+        for _ in range(20):  # over the header bound gRPC refuses it, every time (no random band)
+            over_bound = RawActor(address, "a", enrollment="0" * MAX_METADATA_BYTES)
+            assert _code(over_bound.register) == grpc.StatusCode.RESOURCE_EXHAUSTED
+            over_bound.close()
         counts = service.accounting()
         assert (counts["internal_errors"], counts["credentials_refused"]) == (0, 6)
         warnings = [r for r in caplog.records if "malformed enrollment" in r.getMessage()]

@@ -88,6 +88,7 @@ from tandem_wire.limits import (
     MAX_ACK_DETAIL_CHARS,
     MAX_ID_CHARS,
     MAX_LABEL_CHARS,
+    MAX_METADATA_BYTES,
 )
 
 __all__ = [
@@ -251,6 +252,10 @@ class LearnerService(rpc.LearnerServicer):
                 # Clients ping every keepalive_time_ms even when idle; do not punish them for it.
                 "grpc.http2.min_recv_ping_interval_without_data_ms": 10_000,
                 "grpc.http2.max_ping_strikes": 0,
+                # One bound for request headers, not gRPC's default band (8-16 KiB) in which it refuses
+                # at random: a header set either fits or is refused RESOURCE_EXHAUSTED, every time.
+                "grpc.max_metadata_size": MAX_METADATA_BYTES,
+                "grpc.absolute_max_metadata_size": MAX_METADATA_BYTES,
             }
         )
         return list(options.items())
