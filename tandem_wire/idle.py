@@ -66,5 +66,5 @@ class IdleReaper:
                 for progress, _ in idle:
                     del self._watched[progress]
             for progress, what in idle:
+                self._on_cancel(what)  # counted before the client can see the cancellation
                 progress.cancel()
-                self._on_cancel(what)
