@@ -31,12 +31,16 @@ env: $(STAMP)
 demo: env
 	$(PY) launch/demo.py $(DEMO_ARGS)
 
+# Two workers (tests/conftest.py says how the suite is split between them); TEST_WORKERS=0 runs it serially.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),-n 0,-n $(TEST_WORKERS) --no-loadscope-reorder)
+
 test: env
-	$(PY) -m pytest tests --durations=25
+	$(PY) -m pytest tests $(XDIST) --durations=25
 
 # The developer's loop: everything but the tests marked slow (real engines, Ray clusters, long training).
 test-fast: env
-	$(PY) -m pytest tests -m "not slow" --durations=10
+	$(PY) -m pytest tests -m "not slow" $(XDIST) --durations=10
 
 proto: env
 	$(PY) -m grpc_tools.protoc -I proto --python_out=. --grpc_python_out=. --pyi_out=. proto/tandem_wire/tandem.proto
