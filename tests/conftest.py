@@ -65,8 +65,8 @@ def ray_head():
 # Each module stays on one worker (its module-scoped fixtures are built once), and the modules that each
 # hold many GiB (a 151k-vocabulary model, the demo's checkpoints and engines, pairs of learner
 # processes) share one worker, one after another: with modules spread freely, Ray's memory monitor
-# killed the real-shape test's engine (22.5 of 23.5 GiB in use). That group goes first, the longest of
-# it first: it is about half of the suite's time.
+# killed the real-shape test's engine (22.5 of 23.5 GiB in use). That group goes first, in this order:
+# it is about half of the suite's time.
 MEMORY_HEAVY = ("test_demo_rl_learns", "test_real_shape", "test_multihost", "test_bench_smoke")
 
 
@@ -76,7 +76,7 @@ def _rank(module: str) -> int:
 
 def pytest_collection_modifyitems(config, items):
     # stable: modules keep their order; `--no-loadscope-reorder` keeps this order of scopes
-    items.sort(key=lambda item: _rank(item.module.__name__.rsplit(".", 1)[-1]))
+    items.sort(key=lambda item: _rank(item.path.stem))
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -87,6 +87,6 @@ def pytest_xdist_make_scheduler(config, log):
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return "memory-heavy" if _rank(Path(module).stem) < len(MEMORY_HEAVY) else module
+            return "memory-heavy" if Path(module).stem in MEMORY_HEAVY else module
 
     return ModuleScheduling(config, log)
