@@ -31,56 +31,56 @@ class RewardChildError(RuntimeError):
     """The child could not load the reward functions (bad reference, import error)."""
 
 
-class _Gone(Exception):
-    """The child is dead or was killed; ``reason`` is what that means for the unit in flight."""
+class Gone(Exception):
+    """The child is dead or was killed; ``reason`` is what that means for the call in flight."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
 
 
-class _Child:
-    """One child process and its socket."""
+class ChildProcess:
+    """One child process (``python -m <module> FD``) and its socket; it answers `init` with
+    ``("ready", payload)`` or ``("init_error", message)``. Shared by reward scoring and environments."""
 
-    def __init__(self, spec: RewardSpec, startup_timeout_s: float) -> None:
+    def __init__(self, module: str, init: tuple, startup_timeout_s: float, what: str) -> None:
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "rewards.child", str(theirs.fileno())],
+            [sys.executable, "-m", module, str(theirs.fileno())],
             pass_fds=[theirs.fileno()], env=env, start_new_session=True,
         )
         theirs.close()
         self.connection = Connection(ours.detach())
-        functions = [(f.component_name, f.ref, f.kwargs) for f in spec.functions]
         try:
-            self.send(("init", sys.path, spec.imports, functions, spec.timeout_s))
+            self.send(init)
             message = self.receive(startup_timeout_s)
-        except _Gone as gone:
+        except Gone as gone:
             self.kill()
-            raise RewardChildError(f"reward child did not start ({gone.reason}, exit code "
+            raise RewardChildError(f"{what} child did not start ({gone.reason}, exit code "
                                    f"{self.process.returncode})") from None
         if message[0] == "init_error":
             self.kill()
-            raise RewardChildError(f"cannot load reward functions: {message[1]}")
-        self.one_unit_per_group: list[bool] = message[1]
+            raise RewardChildError(f"cannot load {what}: {message[1]}")
+        self.ready_payload = message[1]
 
     def receive(self, timeout_s: float) -> tuple:
         try:
             if not self.connection.poll(timeout_s):
                 self.kill()
-                raise _Gone(TIMEOUT)
+                raise Gone(TIMEOUT)
             return self.connection.recv()
         except (EOFError, OSError):
             self.kill()
-            raise _Gone(CRASHED) from None
+            raise Gone(CRASHED) from None
 
     def send(self, message: tuple) -> None:
         try:
             self.connection.send(message)
         except OSError:
             self.kill()
-            raise _Gone(CRASHED) from None
+            raise Gone(CRASHED) from None
 
     def alive(self) -> bool:
         """Running (checked without reaping it, so that kill() can still end its process group)."""
@@ -109,13 +109,13 @@ class IsolatedScorer:
         self._weights = [f.weight for f in spec.functions]
         self._counts: collections.Counter[str] = collections.Counter()  # scored, unscorable, restarts
         self._failures: collections.Counter[str] = collections.Counter()  # by "<component>:<reason>"
-        self._child = _Child(spec, startup_timeout_s)
+        self._child = self._start()
 
     def score(self, prompt: str, completions: Sequence[tuple[str, list[int]]], metadata: dict
               ) -> list[ScoreResult]:
         """One :class:`ScoreResult` per completion (``completions``: ``(text, token_ids)`` pairs)."""
         completions = [(text, list(ids)) for text, ids in completions]
-        per_group = self._child.one_unit_per_group
+        per_group = self._child.ready_payload  # per component: one unit per group
         units = plan_units(per_group, len(completions))
         outcomes: list[list[Outcome]] = [[(None, None)] * len(completions) for _ in per_group]
         next_unit = 0
@@ -132,7 +132,7 @@ class IsolatedScorer:
                         raise RuntimeError(f"reward child answered unit {index}, expected {next_unit}")
                     self._record(outcomes, unit, unit_outcomes)
                     next_unit += 1
-            except _Gone as gone:
+            except Gone as gone:
                 unit = units[next_unit]
                 self._record(outcomes, unit, [(None, gone.reason)] * len(unit.completions))
                 next_unit += 1
@@ -159,7 +159,12 @@ class IsolatedScorer:
             if outcome[1] is not None:
                 self._failures[f"{self._names[unit.component]}:{outcome[1]}"] += 1
 
+    def _start(self) -> ChildProcess:
+        functions = [(f.component_name, f.ref, f.kwargs) for f in self._spec.functions]
+        init = ("init", sys.path, self._spec.imports, functions, self._spec.timeout_s)
+        return ChildProcess("rewards.child", init, self._startup_timeout_s, "reward functions")
+
     def _restart(self) -> None:
         self._child.kill()
-        self._child = _Child(self._spec, self._startup_timeout_s)
+        self._child = self._start()
         self._counts["restarts"] += 1

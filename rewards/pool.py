@@ -1,8 +1,10 @@
 """A pool of Ray reward workers, scaled independently of the rollout actors.
 
 Each worker is a Ray actor asking for the custom resource ``"reward"`` (one unit, no CPU by
-default) and owning one isolated child process (:mod:`rewards.isolation`). Rollout actors may
-call :meth:`RewardPool.handles` directly: ``handle.score_group.remote(prompt, completions, metadata)``.
+default) and owning one isolated child process (:mod:`rewards.isolation`), and a second one for the
+episodes of an environment when the spec has one (:mod:`rewards.environment_host`). Rollout actors
+call :meth:`RewardPool.handles` directly: ``handle.score_group.remote(prompt, completions, metadata)``,
+and ``reset_episode`` / ``step_episode`` / ``close_episode`` (every call of one episode on one worker).
 """
 
 import threading
@@ -10,6 +12,8 @@ from collections.abc import Sequence
 
 import ray
 
+from rewards.environment_host import IsolatedEnvironment
+from rewards.environments import Step
 from rewards.isolation import IsolatedScorer, RewardChildError
 from rewards.spec import RewardSpec, WeightedReward
 from rewards.types import RewardStats, ScoreResult
@@ -27,9 +31,12 @@ class RewardWorker:
         # A failure here is kept for ready(): raising from __init__ would make Ray restart the
         # actor forever (max_restarts=-1) instead of telling the caller.
         self._scorer: IsolatedScorer | None = None
+        self._environment: IsolatedEnvironment | None = None
         self._error: str | None = None
         try:
             self._scorer = IsolatedScorer(spec)
+            if spec.environment is not None:
+                self._environment = IsolatedEnvironment(spec)
         except RewardChildError as error:
             self._error = str(error)
 
@@ -43,13 +50,36 @@ class RewardWorker:
         self.ready()
         return self._scorer.score(prompt, completions, metadata)
 
+    def reset_episode(self, key: str, row: dict[str, str]) -> str | None:
+        """Start episode `key` of the environment; None, or why it failed (the trajectory is unscorable)."""
+        return self._episodes().reset(key, row)
+
+    def step_episode(self, key: str, reply: str) -> Step | str:
+        """The environment's answer to the assistant's `reply` in episode `key`, or why it has none."""
+        return self._episodes().step(key, reply)
+
+    def close_episode(self, key: str) -> None:
+        self._episodes().close(key)
+
     def stats(self) -> RewardStats:
         """What its child scored so far (nothing when the reward functions did not load)."""
         return self._scorer.stats() if self._scorer is not None else RewardStats()
 
+    def environment_stats(self) -> dict:
+        """Episodes, steps, restarts and failures of its environment child ({} without one)."""
+        return self._environment.stats() if self._environment is not None else {}
+
     def close(self) -> None:
         if self._scorer is not None:
             self._scorer.close()
+        if self._environment is not None:
+            self._environment.shutdown()
+
+    def _episodes(self) -> IsolatedEnvironment:
+        self.ready()
+        if self._environment is None:
+            raise RuntimeError("this reward worker's spec has no environment")
+        return self._environment
 
 
 class RewardPool:

@@ -55,18 +55,23 @@ def reward(name: str, *, batched: bool = False) -> Callable[[Callable], Callable
     return register
 
 
+def import_reference(ref: str, kind: str) -> Callable:
+    """The callable ``"package.module:attribute"`` names (a function or a class); `kind` names it in errors."""
+    module_name, _, attribute = ref.partition(":")
+    module = importlib.import_module(module_name)
+    try:
+        fn = getattr(module, attribute)
+    except AttributeError:
+        raise ValueError(f"{kind} {ref!r}: {module_name!r} has no attribute {attribute!r}") from None
+    if not callable(fn):
+        raise ValueError(f"{kind} {ref!r} is not callable")
+    return fn
+
+
 def resolve(ref: str) -> Callable:
     """The function for ``ref``: a registered name, or ``"package.module:function"``."""
     if ":" in ref:
-        module_name, _, attribute = ref.partition(":")
-        module = importlib.import_module(module_name)
-        try:
-            fn = getattr(module, attribute)
-        except AttributeError:
-            raise ValueError(f"reward {ref!r}: {module_name!r} has no attribute {attribute!r}") from None
-        if not callable(fn):
-            raise ValueError(f"reward {ref!r} is not callable")
-        return fn
+        return import_reference(ref, "reward")
     if ref not in _REGISTRY:
         for module_name in _BUILTIN_MODULES:
             importlib.import_module(module_name)

@@ -1,6 +1,8 @@
-"""Configuration of a reward: weighted functions and the per-call timeout."""
+"""Configuration of a reward: weighted functions, an optional environment and the per-call timeout."""
 
 import pydantic
+
+from tandem_wire.limits import MAX_TURNS
 
 
 class WeightedReward(pydantic.BaseModel):
@@ -18,15 +20,32 @@ class WeightedReward(pydantic.BaseModel):
         return self.name or self.ref.rpartition(":")[2]
 
 
+class EnvironmentSpec(pydantic.BaseModel):
+    """A multi-turn environment (rewards.environments): its class, settings and the episode's limits."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+    ref: str = pydantic.Field(description="registered name (e.g. answer_retry) or 'package.module:Class'")
+    kwargs: dict = pydantic.Field(default_factory=dict, description="keyword arguments of the class")
+    max_turns: int = pydantic.Field(4, ge=1, le=MAX_TURNS, description="assistant turns per episode at most")
+    max_total_tokens: int = pydantic.Field(256, ge=1, description="tokens after the prompt at most, sampled "
+                                                                  "and observation; the learner's rows fit "
+                                                                  "prompt + this")
+
+
 class RewardSpec(pydantic.BaseModel):
-    """Reward = sum of weight * component; unscorable if any component is."""
+    """Reward = sum of weight * component; unscorable if any component is. With an environment, a
+    trajectory's reward is the sum of its steps' rewards instead (the functions are not called)."""
 
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
     functions: list[WeightedReward] = pydantic.Field(min_length=1)
     timeout_s: float = pydantic.Field(10.0, gt=0, description="limit of one reward call")
     imports: list[str] = pydantic.Field(
-        default_factory=list, description="modules imported first, so that their @reward names resolve")
+        default_factory=list, description="modules imported first, so that their @reward and @environment "
+                                          "names resolve")
+    environment: EnvironmentSpec | None = pydantic.Field(
+        None, description="multi-turn episodes: the environment answers each assistant turn and rewards it")
 
     @pydantic.model_validator(mode="after")
     def _names_are_unique(self) -> "RewardSpec":

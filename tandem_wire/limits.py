@@ -19,6 +19,8 @@ MAX_METADATA_KEY_CHARS = 256
 MAX_METADATA_VALUE_CHARS = 1 << 20
 # ActorCapabilities.group_size, and completions in one group when the learner fixes no group size.
 MAX_GROUP_SIZE = 4096
+# Turns in one multi-turn completion (Completion.turns).
+MAX_TURNS = 1024
 # ActorCapabilities.max_model_len (and so max_prompt_tokens, which must be below it).
 MAX_MODEL_LEN = 1 << 24
 # HeartbeatRequest.groups_in_flight.
