@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rewards.spec import EnvironmentSpec
+
 FLEET_NAME = "tandem-fleet"  # the Ray name of a run's detached fleet (rollout.fleet_name)
 FLEET_NAMESPACE = "tandem"
 
@@ -61,6 +63,8 @@ class ActorConfig(EngineSettings):
     auth_token: str | None = Field(description="the run's shared token (server.auth_token)")
     tls_ca_path: str | None = Field(description="CA certificate of a TLS learner (server.tls_ca_path; None: "
                                                 "plaintext)")
+    environment: EnvironmentSpec | None = Field(description="multi-turn episodes (rewards.environment; "
+                                                                  "None: one completion per sample)")
 
 
 class RestartPolicy(BaseModel):

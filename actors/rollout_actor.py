@@ -59,11 +59,13 @@ import ray
 
 from actors.config import ActorConfig
 from actors.engine import CheckedWeights, RolloutEngine, Sample, SamplingSpec, WeightSetError
+from actors.episodes import EpisodeRunner
 from actors.groups import PROMPT_TOO_LONG, rejected_group, scored_group
 from actors.learner_client import LearnerClient, LearnerUnavailable, LeaseReply, Prompt, WeightTransferError
 from actors.pending_weights import PendingWeights
 from actors.scoring import RewardScorer
 from actors.stats import ActorStats, TimeShareMeter
+from actors.trajectory import ObservationRenderer
 from actors.weight_relay import WeightRelayServer, relay_host_towards
 
 log = logging.getLogger(__name__)
@@ -154,6 +156,10 @@ class RolloutActor:
         self.sampling = SamplingSpec(n=config.group_size, temperature=config.temperature, top_p=config.top_p,
                                      max_tokens=config.max_tokens, stop=list(config.stop),
                                      stop_token_ids=list(config.stop_token_ids))
+        # multi-turn (an environment): the groups are episodes, sampled turn by turn (actors/episodes.py)
+        self.episodes = None if config.environment is None else EpisodeRunner(
+            actor_id, reward_handles, ObservationRenderer(self.engine.llm.get_tokenizer()), config.environment,
+            self.sampling, self.engine.max_model_len)
         self.counters = ActorCounters()
         # A fresh vLLM engine's first step carries one-time setup (2.2 s against 0.3 s for the next ones
         # on the test model, on this CPU): taken here, not in the first lease, whose groups would reach
@@ -244,7 +250,15 @@ class RolloutActor:
             rss_bytes=psutil.Process().memory_info().rss,
             weight_sources=dict(self.client.weight_fetches),
             relay_bytes_served=self.relay.bytes_served if self.relay else 0,
+            episodes=self._episode_counts(),
         )
+
+    def _episode_counts(self) -> dict[str, int]:
+        if self.episodes is None:
+            return {}
+        counts = self.episodes.counts
+        return {"trajectories": counts.trajectories, "turns": counts.turns, "tool_calls": counts.tool_calls,
+                "tool_errors": counts.tool_errors, **{f"ended/{why}": n for why, n in counts.ended.items()}}
 
     def stop(self, timeout_s: float = 60.0) -> ActorStats:
         """Stop looping after the current generation and close the connection; returns ``stats()``.
@@ -314,7 +328,7 @@ class RolloutActor:
         while not self._stop.is_set():
             if self._ask_again.is_set():
                 ask_after = 0.0  # our lease budget may have grown
-            room = batch - len(self._in_engine)
+            room = batch - len(self._in_engine) - len(self._episode_groups())
             draining = self._weights.pending_version is not None  # new prompts wait for the new weights
             if (not exhausted and not draining and time.monotonic() >= ask_after
                     and (room >= max(1, batch // 2) or room == batch)):
@@ -324,7 +338,7 @@ class RolloutActor:
                     self._submit(reply.prompts)
                 else:
                     ask_after = time.monotonic() + (reply.retry_after_s or self.config.idle_poll_s)
-            if not self._in_engine and not self._scoring:
+            if not self._in_engine and not self._scoring and not self._episode_groups():
                 if exhausted:
                     break
                 self._wait_for_prompts(max(0.0, ask_after - time.monotonic()))
@@ -332,6 +346,7 @@ class RolloutActor:
             self._step_engine()
             self._load_when_drained()
             self._send_scored(wait_s=0.0 if self._in_engine else SCORE_POLL_S)
+            self._advance_episodes(wait_s=0.0 if self.engine.in_flight else SCORE_POLL_S)
 
     def _submit(self, leases: list[Prompt]) -> None:
         """Refuse the prompts too long for us, and add the others' groups to the running batch."""
@@ -340,7 +355,11 @@ class RolloutActor:
                 self._submit_one(lease)
 
     def _submit_one(self, lease: Prompt) -> None:
-        """Add one lease's group to the engine, sampled with the version served now (engine lock held)."""
+        """Add one lease's group to the engine, sampled with the version served now (engine lock held);
+        multi-turn, start its episodes (their first turns reach the engine once the resets are in)."""
+        if self.episodes is not None:
+            self.episodes.start(lease, self.version)
+            return
         self.engine.submit(lease.group_id, lease.prompt_ids, self.sampling)
         self._in_engine[lease.group_id] = _InEngine(lease, self.version, time.time(), time.perf_counter())
 
@@ -355,7 +374,12 @@ class RolloutActor:
                 self._generating_since = None
             done = time.perf_counter()
             self.counters.generate_seconds += done - start
-            groups = [(self._in_engine.pop(key), samples) for key, samples in finished]
+            turns = [(key, samples) for key, samples in finished if self.episodes and self.episodes.owns(key)]
+            for key, [sample] in turns:
+                self.counters.tokens_generated += len(sample.token_ids)
+                self.episodes.on_turn(key, sample)
+            groups = [(self._in_engine.pop(key), samples) for key, samples in finished
+                      if not (self.episodes and self.episodes.owns(key))]
         for sampled, samples in groups:
             self.counters.tokens_generated += sum(len(s.token_ids) for s in samples)
             ref = self.scorer.score_async(sampled.lease.text, [(c.text, c.token_ids) for c in samples],
@@ -376,17 +400,36 @@ class RolloutActor:
                 score_seconds=time.perf_counter() - scoring.score_started, sampled_at=sampled.sampled_at))
             self.counters.groups_sent += 1
 
+    def _advance_episodes(self, wait_s: float) -> None:
+        """Multi-turn: apply the environments' answers that are in, submit the next turns, send the
+        groups whose episodes have all ended."""
+        if self.episodes is None:
+            return
+        with self._engine_lock:
+            finished = self.episodes.advance(self.version, self.engine.submit, wait_s)
+        for group in finished:
+            self._send(group)
+            self.counters.groups_sent += 1
+
+    def _episode_groups(self) -> set[str]:
+        return self.episodes.group_ids if self.episodes is not None else set()
+
     @contextlib.contextmanager
     def _engine_paused(self) -> Iterator[None]:
         """Hold the engine with no group in flight: the groups running are aborted (their tokens are
-        counted in tokens_aborted) and submitted again afterwards, with the version then served."""
+        counted in tokens_aborted) and submitted again afterwards, with the version then served (a
+        multi-turn group's aborted turns only: its finished turns keep the version that sampled them)."""
         with self._engine_lock:
             aborted = self.engine.abort_all()
             try:
                 yield
             finally:
+                turns = [key for key in aborted if self.episodes and self.episodes.owns(key)]
+                if turns:
+                    self.episodes.resubmit(turns, self.version, self.engine.submit)
                 for key in aborted:
-                    self._submit_one(self._in_engine[key].lease)
+                    if key not in turns:
+                        self._submit_one(self._in_engine[key].lease)
 
     def _fitting(self, leases: list[Prompt]) -> list[Prompt]:
         """The leases worth sampling: a prompt too long for us is refused (the learner retires it); a
@@ -397,7 +440,8 @@ class RolloutActor:
         that drop's ack may have reached us: wait briefly for the ack, or the lease would sit
         unsampled until it expires (lease_seconds; the learner held steps back for it)."""
         with self._engine_lock:
-            ours = set(self._in_engine) | {scoring.sampled.lease.group_id for scoring in self._scoring}
+            ours = (set(self._in_engine) | {scoring.sampled.lease.group_id for scoring in self._scoring}
+                    | self._episode_groups())
         leases = [lease for lease in leases if lease.group_id not in ours
                   and self.client.wait_for_final_ack(lease.group_id, ACK_WAIT_S)]
         for lease in leases:

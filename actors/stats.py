@@ -6,7 +6,7 @@ types without loading an engine. ``dataclasses.asdict`` turns any of them into a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -57,6 +57,9 @@ class ActorStats:
     actor), shared_failed and relay_failed (then streamed)"""
     relay_bytes_served: int
     """weight bytes its relay forwarded to other actors"""
+    episodes: dict[str, int] = field(default_factory=dict)
+    """multi-turn (an environment): trajectories, turns, tool_calls, tool_errors, and ended/<why> for each
+    way a trajectory ended (done, max_turns, max_tokens, context, template_break, unscorable); {} without"""
 
 
 class TimeShareMeter:

@@ -23,12 +23,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import types
 import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic_core import PydanticUndefined
 
 from actors.config import FLEET_NAME, ActorConfig, EngineSettings, RestartPolicy
 from learner.chat_format import ChatFormat
@@ -159,6 +161,9 @@ class TandemConfig(Section):
             raise ValueError("rollout.sync needs rollout.max_staleness=0 and train.prompts_per_step == "
                              "rollout.num_actors * rollout.prompts_per_batch (each step trains on exactly "
                              "what the actors sampled with the newest weights)")
+        if self.rewards.environment is not None and self.rollout.sync:
+            raise ValueError("rewards.environment (multi-turn episodes) needs the streaming actors: "
+                             "set rollout.sync=false")
         if "total_steps" not in self.optim.model_fields_set:  # the schedule spans the run by default
             self.optim = self.optim.model_copy(update={"total_steps": self.train.steps})
             OptimizerConfig.model_validate(self.optim.model_dump())
@@ -166,26 +171,34 @@ class TandemConfig(Section):
 
     # The roles' configs, derived here and nowhere else.
 
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens after the prompt a sample may have: rollout.max_tokens, or with an environment its
+        episode's max_total_tokens (every turn and observation)."""
+        environment = self.rewards.environment
+        return self.rollout.max_tokens if environment is None else environment.max_total_tokens
+
     def service_config(self, *, vocab_size: int | None) -> ServiceConfig:
         """The learner's gRPC server; ``vocab_size`` is the model's (token ids are checked against it)."""
         rollout = self.rollout
         return ServiceConfig(
             server=self.server, admission=rollout, prompts_per_step=self.train.prompts_per_step,
             group_size=rollout.group_size, max_prompt_tokens=rollout.max_prompt_tokens, vocab_size=vocab_size,
-            mode="rl")
+            max_sequence_tokens=rollout.max_prompt_tokens + self.completion_tokens, mode="rl")
 
     def loop_config(self) -> RLLoopConfig:
         """The learner's RL loop (the tokenizer's pad id is RLLoop's own argument)."""
         train, rollout = self.train, self.rollout
         return RLLoopConfig(
             train=train, group_size=rollout.group_size, publish_every=rollout.publish_every,
-            max_sequence_len=rollout.max_prompt_tokens + rollout.max_tokens)
+            max_sequence_len=rollout.max_prompt_tokens + self.completion_tokens)
 
     def actor_config(self, model_dir: str | Path) -> ActorConfig:
         """What each rollout actor runs; ``model_dir`` is the model being trained (weight version 0)."""
         engine = self.rollout.model_dump(include=set(EngineSettings.model_fields))
         return ActorConfig(**engine, hf_dir=str(model_dir), dtype=self.model.dtype, seed=self.seed,
-                           auth_token=self.server.auth_token, tls_ca_path=self.server.tls_ca_path)
+                           auth_token=self.server.auth_token, tls_ca_path=self.server.tls_ca_path,
+                           environment=self.rewards.environment)
 
     def eval_settings(self) -> dict[str, Any]:
         """Keyword arguments of launch.evaluation.Evaluator (besides the model, examples and scorer)."""
@@ -222,6 +235,15 @@ def section_type(annotation: Any) -> type | None:
     return None
 
 
+def optional_section(annotation: Any) -> type | None:
+    """The section of a `Section | None` field (e.g. rewards.environment), else None."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(inner) == 1 and len(typing.get_args(annotation)) == 2:
+            return section_type(inner[0])
+    return None
+
+
 def section_fields(section: type) -> list[tuple[str, Any, Any, str]]:
     """(name, annotation, default, description) of each field of a pydantic model or dataclass section
     (--help and docs/config.md both read them here)."""
@@ -247,10 +269,15 @@ def documented_keys(section: type = TandemConfig, prefix: str = "") -> list[KeyD
             out += documented_keys(nested, f"{prefix}{name}.")
         else:
             out.append(KeyDoc(prefix + name, default, " ".join(description.split())))
+            optional = optional_section(annotation)
+            if optional is not None:  # unset by default; its keys set it
+                out += documented_keys(optional, f"{prefix}{name}.")
     return out
 
 
 def _shown(default: Any) -> str:
+    if default is PydanticUndefined or default is dataclasses.MISSING:
+        return "required"
     if isinstance(default, BaseModel):
         default = default.model_dump()
     if isinstance(default, list):

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python launch/config_doc.py` as well as `python -m launch.config_doc`
     sys.path.insert(0, str(ROOT))
 
-from launch.config import TandemConfig, _shown, section_fields, section_type  # noqa: E402
+from launch.config import TandemConfig, _shown, optional_section, section_fields, section_type  # noqa: E402
 
 OUTPUT = ROOT / "docs" / "config.md"
 
@@ -48,12 +48,14 @@ reads it. An empty description means the field has none in the code.
 """
 
 
-def _list_item_section(annotation: Any) -> type | None:
-    """The item type of a `list[Section]` field, else None."""
+def _inner_section(annotation: Any) -> tuple[type, str] | None:
+    """The section inside a `list[Section]` field (with the key suffix "[]") or a `Section | None` field
+    (suffix ""), else None."""
     args = typing.get_args(annotation)
     if typing.get_origin(annotation) is list and len(args) == 1 and section_type(args[0]):
-        return args[0]
-    return None
+        return args[0], "[]"
+    optional = optional_section(annotation)
+    return None if optional is None else (optional, "")
 
 
 def _type_name(annotation: Any) -> str:
@@ -110,9 +112,13 @@ def tables(section: type = TandemConfig, prefix: str = "", description: str = ""
             continue
         shown = "(required)" if default is PydanticUndefined or default is dataclasses.MISSING else _shown(default)
         own.rows.append(Row(prefix + name, _type_name(annotation), shown, _clean(text), _declared_in(section, name)))
-        item = _list_item_section(annotation)
-        if item is not None:  # e.g. rewards.functions: a list of WeightedReward, each with keys of its own
-            nested += tables(item, f"{prefix}{name}[].", f"each item of `{prefix}{name}`: {item.__doc__ or ''}")
+        inner = _inner_section(annotation)
+        # e.g. rewards.functions, a list of WeightedReward, and rewards.environment, an optional
+        # EnvironmentSpec: each with keys of its own
+        if inner is not None:
+            item, suffix = inner
+            what = "each item of" if suffix else "when set,"
+            nested += tables(item, f"{prefix}{name}{suffix}.", f"{what} `{prefix}{name}`: {item.__doc__ or ''}")
     return ([own] if own.rows else []) + nested
 
 

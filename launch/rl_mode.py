@@ -56,9 +56,10 @@ def build_rl_learner(run: Run, tokenizer, writer: MetricsWriter | None = None,
         rows = chat_prompt_rows(run.train_data, tokenizer, config.data, split=config.data.split)
         service = LearnerService(PromptSource(rows, epochs=None, seed=config.seed), config.service_config(
             vocab_size=int(trainer.loaded.hf_config["vocab_size"])), enrollment_key=enrollment_key)
-        # the longest prompt completed to max_tokens: what a batch holding one truncated completion of
-        # it needs (RLLoop caps it at max_sequence_len and compiles that step while the actors start)
-        first_len = max(len(r.prompt_ids) for r in rows) + config.rollout.max_tokens
+        # the longest prompt completed to max_tokens (an episode: to its token budget): what a batch holding
+        # one truncated completion of it needs (RLLoop caps it at max_sequence_len and compiles that step
+        # while the actors start)
+        first_len = max(len(r.prompt_ids) for r in rows) + config.completion_tokens
     checkpointer = Checkpointer(run.run_dir / "checkpoints", max_to_keep=config.train.keep_checkpoints,
                                 save_every=config.train.checkpoint_every)
     return RLLoop(trainer, service, checkpointer, writer, config.loop_config(), pad_id=tokenizer.pad_token_id,

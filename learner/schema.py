@@ -269,6 +269,8 @@ class ServiceConfig:
     """longer prompts are refused; 0 = no limit"""
     vocab_size: int | None
     """when set, token ids must be in [0, vocab_size)"""
+    max_sequence_tokens: int
+    """a prompt with a longer completion (the learner's largest row) is refused; 0 = no limit"""
     max_group_bytes: int = 16 * 1024 * 1024
     """largest ScoredGroup message accepted"""
     weight_chunk_bytes: int = WEIGHT_CHUNK_BYTES

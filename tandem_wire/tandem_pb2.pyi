@@ -53,21 +53,35 @@ DTYPE_FLOAT32: DType
 DTYPE_BFLOAT16: DType
 DTYPE_FLOAT16: DType
 
+class Turn(_message.Message):
+    __slots__ = ("sampled_tokens", "observation_tokens", "policy_version", "reward")
+    SAMPLED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    sampled_tokens: int
+    observation_tokens: int
+    policy_version: int
+    reward: float
+    def __init__(self, sampled_tokens: _Optional[int] = ..., observation_tokens: _Optional[int] = ..., policy_version: _Optional[int] = ..., reward: _Optional[float] = ...) -> None: ...
+
 class Completion(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "finish_reason", "reward", "unscorable_reason", "text")
+    __slots__ = ("token_ids", "logprobs", "finish_reason", "reward", "unscorable_reason", "text", "turns")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     UNSCORABLE_REASON_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     finish_reason: FinishReason
     reward: float
     unscorable_reason: str
     text: str
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., reward: _Optional[float] = ..., unscorable_reason: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
+    turns: _containers.RepeatedCompositeFieldContainer[Turn]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., reward: _Optional[float] = ..., unscorable_reason: _Optional[str] = ..., text: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("sample_seconds", "score_seconds", "sampled_at")

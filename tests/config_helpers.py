@@ -14,7 +14,7 @@ from learner.schema import AdmissionSettings, ServerConfig
 def service_config(**fields):
     """The learner server's config of a default run, but with no token (whatever the environment says),
     open enrollment (tests about identity close it and enroll their actors), no vocab check, any group
-    size and any prompt length unless ``fields`` set them; ``fields`` named after a `server` key
+    size, prompt length and completion length unless ``fields`` set them; ``fields`` named after a `server` key
     (auth_token, open_enrollment, tls_cert_path, ...) go to its server section, those named after an
 admission key (queue_capacity, max_staleness, lease_seconds, ...) to its admission section."""
     base = load_config(None).service_config(vocab_size=None)
@@ -23,7 +23,8 @@ admission key (queue_capacity, max_staleness, lease_seconds, ...) to its admissi
     server = {"auth_token": None, "open_enrollment": True, **server}
     return dataclasses.replace(base, **{"server": base.server.model_copy(update=server),
                                         "admission": base.admission.model_copy(update=admission),
-                                        "group_size": 0, "max_prompt_tokens": 0, **fields})
+                                        "group_size": 0, "max_prompt_tokens": 0,
+                                        "max_sequence_tokens": 0, **fields})
 
 
 def loop_config(overrides: list[str] = (), **fields):

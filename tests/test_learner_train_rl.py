@@ -17,6 +17,7 @@ from learner.algo.losses import LossConfig
 from learner.algo.optim import OptimizerConfig
 from learner.algo.rl_batch import assemble_rl_batch, pow2_buckets
 from learner.algo.train_step import Trainer
+from learner.service.group_validation import CompletionRecord, TurnRecord
 from models.jax_model import load_model, make_mesh
 
 PAD = 0
@@ -27,6 +28,11 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     reward: float | None
+    turns: tuple = ()
+
+    @property
+    def loss_mask(self) -> np.ndarray:
+        return np.ones(len(self.token_ids), np.float32)
 
 
 @dataclasses.dataclass
@@ -73,6 +79,23 @@ def test_assembly_layout_advantages_and_statistics():
     assert {k: v for k, v in stats.items() if k.startswith("staleness_groups/")} == {
         "staleness_groups/0": 0, "staleness_groups/1": 1, "staleness_groups/2": 0, "staleness_groups/3": 1}
     assert stats["loss_tokens"] == 3 + 2 + 1
+    assert "turns_mean" not in stats  # single-turn batches have no turn statistics
+
+
+def test_multi_turn_rows_hold_every_turn_and_observation_with_the_observations_out_of_the_loss():
+    turns = [TurnRecord(2, 3, 3), TurnRecord(1, 0, 4, reward=1.0)]  # 2 sampled, 3 observed, 1 sampled
+    multi = CompletionRecord([8, 2, 4, 5, 6, 9], [-0.1, -0.2, 0, 0, 0, -0.3], "stop", 1.0, None, turns=turns)
+    single = CompletionRecord([9, 2], [-0.5, -0.6], "stop", 0.0, None)
+    group = Group("m", 3, [1, 3], [multi, single])
+    batch, stats = assemble_rl_batch([group], pad_id=PAD, current_version=4, length_buckets=(8,))
+    np.testing.assert_array_equal(batch.input_ids[0], [1, 3, 8, 2, 4, 5, 6, 9])
+    np.testing.assert_array_equal(batch.attention_mask[0], [1] * 8)
+    advantage = 1 / np.sqrt(2)  # rewards [1, 0]: ±(0.5 / std) with the unbiased std √0.5
+    np.testing.assert_allclose(batch.completion_mask[0], [0, 0, 1, 1, 0, 0, 0, 1])
+    np.testing.assert_allclose(batch.behaviour_logps[0], [0, 0, -0.1, -0.2, 0, 0, 0, -0.3], rtol=1e-6)
+    np.testing.assert_allclose(batch.advantages[:2], [advantage, -advantage], rtol=1e-3)
+    assert stats["loss_tokens"] == 3 + 2
+    assert (stats["turns_mean"], stats["turns_max"], stats["observation_tokens"]) == (1.5, 2.0, 3.0)
 
 
 def test_assembly_picks_the_smallest_bucket_and_rejects_bad_groups():

@@ -34,6 +34,22 @@ def _completion(group: pb.ScoredGroup, i: int = 1) -> pb.Completion:
     return group.completions[i]
 
 
+def _turns(group: pb.ScoredGroup, parts: list[tuple[int, int, int, float | None]],
+           observed_logprob: float = 0.0) -> None:
+    """Give completion 1 turns (sampled, observation tokens, version, reward), its observation tokens
+    `observed_logprob`, and the sum of the turns' rewards as its reward."""
+    completion = _completion(group)
+    position = 0
+    for sampled, observed, version, reward in parts:
+        turn = completion.turns.add(sampled_tokens=sampled, observation_tokens=observed, policy_version=version)
+        if reward is not None:
+            turn.reward = reward
+        for i in range(position + sampled, min(position + sampled + observed, len(completion.logprobs))):
+            completion.logprobs[i] = observed_logprob
+        position += sampled + observed
+    completion.reward = sum(r for *_, r in parts if r is not None and math.isfinite(r))
+
+
 INVALID_CASES = {
     "missing wire version": (lambda g: g.ClearField("wire_version"), "unsupported wire_version 0"),
     "future wire version": (lambda g: setattr(g, "wire_version", 2), "unsupported wire_version 2"),
@@ -82,11 +98,29 @@ INVALID_CASES = {
         lambda g: setattr(g, "rejected_reason", "prompt_too_long"),
         "must carry no completions",
     ),
+    "completion past the longest row": (
+        lambda g: (_completion(g).token_ids.extend([1, 2]), _completion(g).logprobs.extend([-1.0, -1.0])),
+        "completion of 8 tokens after the prompt's 5 exceeds max_sequence_tokens 12",
+    ),
+    "turns short of the tokens": (lambda g: _turns(g, [(2, 3, 0, None), (2, 0, 0, 1.0)]), "cover 7 tokens of 6"),
+    "turn with no sampled token": (lambda g: _turns(g, [(0, 3, 0, None), (3, 0, 0, 1.0)]), "need >= 1"),
+    "trailing observation": (lambda g: _turns(g, [(3, 3, 0, 1.0)]), "ends with 3 observation tokens"),
+    "turn from the future": (lambda g: _turns(g, [(2, 3, 0, None), (1, 0, 5, 1.0)]), "outside the group's"),
+    "observation with a logprob": (
+        lambda g: _turns(g, [(2, 3, 0, None), (1, 0, 0, 1.0)], observed_logprob=-0.5),
+        "an observation token has logprob -0.5",
+    ),
+    "turn reward not finite": (lambda g: _turns(g, [(2, 3, 0, math.nan), (1, 0, 0, 1.0)]), "non-finite reward"),
+    "reward not the turns' sum": (
+        lambda g: (_turns(g, [(2, 3, 0, 0.5), (1, 0, 0, 1.0)]), setattr(_completion(g), "reward", 1.0)),
+        "is not the sum of its turns' rewards 1.5",
+    ),
+    "too many turns": (lambda g: _turns(g, [(1, 0, 0, None)] * 1025), "1025 turns > 1024"),
 }
 
 
 def test_each_invalid_group_gets_invalid_with_a_specific_detail_and_loses_nothing():
-    with running_service(max_prompt_tokens=MAX_PROMPT_TOKENS) as (service, address):
+    with running_service(max_prompt_tokens=MAX_PROMPT_TOKENS, max_sequence_tokens=12) as (service, address):
         actor = raw_actor(address)
         (lease,), _ = actor.lease(1)
         broken = []
@@ -99,9 +133,14 @@ def test_each_invalid_group_gets_invalid_with_a_specific_detail_and_loses_nothin
         for (case, (_, detail)), ack in zip(INVALID_CASES.items(), acks, strict=True):
             assert ack.status == pb.ACK_STATUS_INVALID, (case, ack)
             assert detail in ack.detail, (case, ack.detail)
-        # Nothing was consumed or lost: the valid group of the same prompt is still accepted.
-        (ack,) = actor.exchange([make_group(lease, actor.actor_id)])
+        # Nothing was consumed or lost: a valid group of the same prompt (multi-turn) is still accepted.
+        valid = make_group(lease, actor.actor_id)
+        _turns(valid, [(2, 3, 0, 0.25), (1, 0, 0, 1.0)])
+        (ack,) = actor.exchange([valid])
         assert ack.status == pb.ACK_STATUS_QUEUED
+        [record] = service.next_batch(1, timeout=10)
+        assert record.completions[1].loss_mask.tolist() == [1, 1, 0, 0, 0, 1]
+        assert record.completions[1].reward == 1.25
         counts = service.accounting()
         assert counts["groups_invalid"] == len(INVALID_CASES) and counts["groups_queued"] == 1
         assert balance_violations(counts) == []

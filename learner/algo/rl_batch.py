@@ -2,7 +2,9 @@
 
 One row per completion: prompt tokens then completion tokens, right-padded to a length bucket
 (the smallest of `length_buckets` that fits), rows padded to `num_rows`, so the jitted step sees
-few distinct shapes and does not recompile every step. Advantages come from
+few distinct shapes and does not recompile every step. A multi-turn completion's observation tokens
+(an environment's answers between the turns the policy sampled) are in the row but out of the loss
+(its `loss_mask`). Advantages come from
 `learner.algo.advantages.group_advantages` (unscorable completions: advantage 0, weight 0; DAPO dynamic
 sampling: zero-signal groups weight 0 when 'drop'); a completion's weight multiplies its loss mask.
 """
@@ -22,6 +24,11 @@ class CompletionLike(Protocol):
     token_ids: Sequence[int]
     logprobs: Sequence[float]
     reward: float | None  # None: unscorable
+    turns: Sequence[object]  # multi-turn: one entry per assistant turn; empty: a single turn
+
+    @property
+    def loss_mask(self) -> np.ndarray:
+        """1 on the tokens the policy sampled, 0 on observation tokens (multi-turn)."""
 
 
 class GroupLike(Protocol):
@@ -36,9 +43,9 @@ class GroupLike(Protocol):
 class RLBatch(NamedTuple):
     """Arrays of one RL step, numpy, [B, T] unless noted; token-aligned (column t = token t).
 
-    completion_mask is 1 on completion tokens of rows that enter the loss (0 on prompt, padding,
-    unscorable and dropped rows); behaviour_logps[b, t] = log π_behaviour(token t) on completion
-    tokens, 0 elsewhere; advantages is [B].
+    completion_mask is 1 on sampled completion tokens of rows that enter the loss (0 on prompt,
+    observation and padding tokens, and on unscorable and dropped rows); behaviour_logps[b, t] =
+    log π_behaviour(token t) on completion tokens, 0 elsewhere; advantages is [B].
     """
 
     input_ids: np.ndarray  # int32
@@ -76,6 +83,17 @@ def pow2_buckets(max_len: int, min_len: int = 16) -> tuple[int, ...]:
     return (*buckets, max_len)
 
 
+def _turn_stats(completions: Sequence[CompletionLike]) -> dict[str, float]:
+    """Multi-turn batches only: assistant turns per completion (mean, max) and the observation tokens
+    the rows hold outside the loss."""
+    turns = [len(c.turns) or 1 for c in completions]
+    if max(turns) == 1:
+        return {}
+    observed = sum(len(c.token_ids) - int(c.loss_mask.sum()) for c in completions)
+    return {"turns_mean": float(np.mean(turns)), "turns_max": float(max(turns)),
+            "observation_tokens": float(observed)}
+
+
 def assemble_rl_batch(
     groups: Sequence[GroupLike],
     *,
@@ -90,7 +108,8 @@ def assemble_rl_batch(
 
     Statistics: reward mean/std over scorable completions, fraction of zero-signal groups, count of
     unscorable completions, staleness (current_version − policy_version) mean/max over groups and its
-    histogram (``staleness_groups/k``: groups k versions behind), and the number of loss tokens.
+    histogram (``staleness_groups/k``: groups k versions behind), the number of loss tokens, and with
+    multi-turn completions their turns (mean, max) and observation tokens.
     """
     if not groups:
         raise ValueError("no groups to assemble")
@@ -127,7 +146,7 @@ def assemble_rl_batch(
             input_ids[row, :start] = prompt
             input_ids[row, start:end] = completion.token_ids
             attention_mask[row, :end] = 1
-            completion_mask[row, start:end] = adv.weights[i, j]
+            completion_mask[row, start:end] = adv.weights[i, j] * completion.loss_mask
             behaviour[row, start:end] = completion.logprobs
             advantages[row] = adv.advantages[i, j]
             row += 1
@@ -147,5 +166,6 @@ def assemble_rl_batch(
         **{f"staleness_groups/{k}": float(n) for k, n in enumerate(np.bincount(staleness.astype(np.int64)))},
         "num_groups": float(len(groups)),
         "loss_tokens": float(completion_mask.astype(bool).sum()),
+        **_turn_stats([c for g in groups for c in g.completions]),
     }
     return RLBatch(input_ids, attention_mask, completion_mask, behaviour, advantages), stats

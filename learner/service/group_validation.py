@@ -2,7 +2,8 @@
 
 `parse_group` is the single gate between untrusted bytes and the learner: anything it lets
 through has consistent shapes, finite non-positive logprobs, in-range token ids, a reward or an
-unscorable reason per completion, and every string and number within its documented bound
+unscorable reason per completion, turns (multi-turn) that tile the completion with zero logprobs on
+observation tokens and rewards that add up, and every string and number within its documented bound
 (tandem_wire/limits.py). It raises InvalidInput with a specific detail otherwise.
 """
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from learner.wire_bounds import InvalidInput, check_metadata, check_nonnegative, check_text, shown
 from tandem_wire import WIRE_VERSION, pb
-from tandem_wire.limits import MAX_DETAIL_CHARS, MAX_GROUP_SIZE, MAX_ID_CHARS, MAX_TEXT_CHARS
+from tandem_wire.limits import MAX_DETAIL_CHARS, MAX_GROUP_SIZE, MAX_ID_CHARS, MAX_TEXT_CHARS, MAX_TURNS
 
 FINISH_REASONS = {
     pb.FINISH_REASON_STOP: "stop",
@@ -27,14 +28,33 @@ FINISH_REASONS = {
 REJECTED_REASONS = ("prompt_too_long",)
 
 
+@dataclass(frozen=True)
+class TurnRecord:
+    """One turn of a multi-turn completion: tokens sampled, then the environment's observation tokens."""
+
+    sampled_tokens: int
+    observation_tokens: int
+    policy_version: int
+    reward: float | None = None
+
+
 @dataclass
 class CompletionRecord:
     token_ids: list[int]
-    logprobs: list[float]  # behaviour-policy logprob of each token (pi_old)
+    logprobs: list[float]  # behaviour-policy logprob of each token (pi_old); 0 on observation tokens
     finish_reason: str  # "stop" | "length" | "abort"
     reward: float | None
     unscorable_reason: str | None
     text: str = ""
+    turns: list[TurnRecord] = field(default_factory=list)  # empty: one turn, every token sampled
+
+    @property
+    def loss_mask(self) -> np.ndarray:
+        """1 on each token the policy sampled, 0 on observation tokens; [len(token_ids)] float32."""
+        if not self.turns:
+            return np.ones(len(self.token_ids), np.float32)
+        return np.concatenate([np.repeat(np.array([1, 0], np.float32), [t.sampled_tokens, t.observation_tokens])
+                               for t in self.turns])
 
 
 @dataclass
@@ -63,6 +83,7 @@ class GroupLimits:
     group_size: int = 0
     vocab_size: int | None = None
     max_prompt_tokens: int = 0
+    max_sequence_tokens: int = 0  # prompt + one completion (the learner's largest length bucket)
 
 
 def parse_group(msg: pb.ScoredGroup, limits: GroupLimits) -> GroupRecord:
@@ -105,7 +126,14 @@ def parse_group(msg: pb.ScoredGroup, limits: GroupLimits) -> GroupRecord:
     if len(msg.completions) > MAX_GROUP_SIZE:
         raise InvalidInput(f"group has {len(msg.completions)} completions > {MAX_GROUP_SIZE}")
     completions = [_parse_completion(i, c) for i, c in enumerate(msg.completions)]
+    longest = max(len(c.token_ids) for c in completions)
+    if limits.max_sequence_tokens and len(prompt_ids) + longest > limits.max_sequence_tokens:
+        raise InvalidInput(f"a completion of {longest} tokens after the prompt's {len(prompt_ids)} exceeds "
+                           f"max_sequence_tokens {limits.max_sequence_tokens}")
     _check_numbers(completions, limits.vocab_size)
+    for i, completion in enumerate(completions):
+        if completion.turns:
+            _check_turns(f"completion {i}", completion, msg.policy_version, limits.latest_version)
     return _record(msg, prompt_ids, completions)
 
 
@@ -134,7 +162,41 @@ def _parse_completion(i: int, c: pb.Completion) -> CompletionRecord:
         if not unscorable:
             raise InvalidInput(f"{where}: empty unscorable_reason")
     text = check_text(f"{where}: text", c.text, MAX_TEXT_CHARS)
-    return CompletionRecord(token_ids, logprobs, FINISH_REASONS[c.finish_reason], reward, unscorable, text)
+    if len(c.turns) > MAX_TURNS:
+        raise InvalidInput(f"{where}: {len(c.turns)} turns > {MAX_TURNS}")
+    turns = [TurnRecord(t.sampled_tokens, t.observation_tokens, t.policy_version,
+                        t.reward if t.HasField("reward") else None) for t in c.turns]
+    return CompletionRecord(token_ids, logprobs, FINISH_REASONS[c.finish_reason], reward, unscorable, text, turns)
+
+
+def _check_turns(where: str, completion: CompletionRecord, group_version: int, latest_version: int) -> None:
+    """Turns tile the completion, sampled by versions from the group's (their oldest) to the latest, with
+    logprob 0 on observation tokens and a trajectory reward that is the sum of the turns' rewards."""
+    turns = completion.turns
+    for k, turn in enumerate(turns):
+        if turn.sampled_tokens < 1 or turn.observation_tokens < 0:
+            raise InvalidInput(f"{where}: turn {k} has {turn.sampled_tokens} sampled and "
+                               f"{turn.observation_tokens} observation tokens (need >= 1 and >= 0)")
+        if not group_version <= turn.policy_version <= latest_version:
+            raise InvalidInput(f"{where}: turn {k} policy_version {turn.policy_version} is outside the group's "
+                               f"{group_version} .. the latest published {latest_version}")
+        if turn.reward is not None and not math.isfinite(turn.reward):
+            raise InvalidInput(f"{where}: turn {k} has a non-finite reward {turn.reward}")
+    if turns[-1].observation_tokens:
+        raise InvalidInput(f"{where}: the last turn ends with {turns[-1].observation_tokens} observation tokens")
+    if min(turn.policy_version for turn in turns) != group_version:
+        raise InvalidInput(f"{where}: the group's policy_version {group_version} is not its oldest turn's")
+    covered = sum(turn.sampled_tokens + turn.observation_tokens for turn in turns)
+    if covered != len(completion.token_ids):
+        raise InvalidInput(f"{where}: turns cover {covered} tokens of {len(completion.token_ids)}")
+    observed = np.asarray(completion.logprobs, np.float64)[completion.loss_mask == 0]
+    if observed.any():
+        raise InvalidInput(f"{where}: an observation token has logprob {observed[observed != 0][0]} (must be 0: "
+                           "the policy did not sample it)")
+    if completion.reward is not None:
+        total = math.fsum(turn.reward or 0.0 for turn in turns)
+        if not math.isclose(completion.reward, total, rel_tol=1e-6, abs_tol=1e-6):
+            raise InvalidInput(f"{where}: reward {completion.reward} is not the sum of its turns' rewards {total}")
 
 
 def _check_numbers(completions: list[CompletionRecord], vocab_size: int | None) -> None:

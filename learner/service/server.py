@@ -196,8 +196,8 @@ class LearnerService(rpc.LearnerServicer):
         self._warned_at = -WARNING_INTERVAL_S
         self._malformed_log = KeyedThrottle(MALFORMED_HEADER_LOG_S)
         self._not_enrolled_log = KeyedThrottle(NOT_ENROLLED_LOG_S)
-        self._rules_cache = Rules(GroupLimits(0, cfg.group_size, cfg.vocab_size, cfg.max_prompt_tokens),
-                                  cfg.admission.max_staleness)
+        limits = GroupLimits(0, cfg.group_size, cfg.vocab_size, cfg.max_prompt_tokens, cfg.max_sequence_tokens)
+        self._rules_cache = Rules(limits, cfg.admission.max_staleness)
         self._server: grpc.Server | None = None
         self._stopped = False
 

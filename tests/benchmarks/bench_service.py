@@ -91,6 +91,7 @@ def server(root: Path, groups: int) -> Iterator[tuple[str, psutil.Process]]:
     # lease budget (prompts_per_step=0, a field the baseline lacks): every group is leased up front
     config = dict(root=str(root), prompt_tokens=PROMPT_TOKENS, queue_capacity=groups, group_size=GROUP_SIZE,
                   vocab_size=VOCAB, max_staleness=1, prompts_per_step=0, lease_seconds=60.0, max_prompt_tokens=0,
+                  max_sequence_tokens=0,
                   auth_token=None, heartbeat_interval_s=5.0, actor_timeout_s=30.0, tls_cert_path=None,
                   tls_key_path=None, open_enrollment=True)
     process = subprocess.Popen([sys.executable, "-c", SERVER, json.dumps(config)], stdin=subprocess.PIPE,

@@ -1,0 +1,162 @@
+"""One multi-turn trajectory, token in and token out: the ids the engine sampled, exactly, and between
+two turns the observation's ids, so the learner trains on the very tokens the policy saw.
+
+The next turn's prompt is the previous one + the turn's sampled ids + the observation's ids. Those come
+from the model's chat template: the text it renders after the conversation so far (the rest of the
+assistant's end-of-turn marker the model did not sample, the observation messages, the generation
+prompt), tokenized on its own; nothing sampled is ever re-tokenized. That needs a template that extends
+a conversation's rendering byte for byte when messages are added. Where it does not (a template that
+rewrites earlier turns, e.g. dropping their reasoning), the conversation so far cannot be continued
+without fabricating tokens the policy never saw: the trajectory ends there (``template_break``, counted),
+its reward the sum of its steps' so far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from actors.engine import Sample
+from actors.groups import FINISH_REASONS
+from rewards.environments import Step
+from rewards.spec import EnvironmentSpec
+from tandem_wire import tandem_pb2 as pb
+
+# Content no real message has, to find where the template puts a message's text.
+_PROBE = "\x00tandem-probe\x00"
+
+
+class ObservationRenderer:
+    """Observation messages → the token ids that continue a conversation, as the chat template renders them."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        # what the template writes after an assistant message's content (its end-of-turn marker)
+        rendered = self._render([{"role": "user", "content": "?"}, {"role": "assistant", "content": _PROBE}])
+        self.assistant_tail = rendered[rendered.rindex(_PROBE) + len(_PROBE):]
+
+    def continuation(self, messages: Sequence[Mapping[str, str]], observation: Sequence[Mapping[str, str]],
+                     last_sampled_id: int | None) -> list[int] | None:
+        """Ids that follow the assistant's last turn (`messages` ends with it) when `observation` is added,
+        through the generation prompt of the next assistant turn; None when the template does not extend
+        the conversation's rendering byte for byte. `last_sampled_id`: the turn's last token, which ends
+        the turn when it is the start of the template's end-of-turn marker (an EOS sampled by the model)."""
+        before = self._render(messages)
+        after = self._render([*messages, *observation], add_generation_prompt=True)
+        if not after.startswith(before) or not before.endswith(self.assistant_tail):
+            return None
+        tail = self.assistant_tail
+        if last_sampled_id is not None:
+            sampled = self.tokenizer.decode([last_sampled_id], skip_special_tokens=False)
+            if sampled and tail.startswith(sampled):
+                tail = tail[len(sampled):]
+        return list(self.tokenizer.encode(tail + after[len(before):], add_special_tokens=False))
+
+    def _render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False) -> str:
+        return self.tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
+
+
+@dataclass
+class TurnPart:
+    sampled_tokens: int
+    observation_tokens: int
+    policy_version: int
+    reward: float | None = None
+
+
+@dataclass
+class Trajectory:
+    """One of a group's G trajectories as it grows; `context` is the next turn's prompt."""
+
+    prompt_ids: list[int]
+    messages: list[dict[str, str]]  # the conversation so far, for the template's prefix check
+    token_ids: list[int] = field(default_factory=list)  # everything after the prompt
+    logprobs: list[float] = field(default_factory=list)  # 0 on observation tokens
+    texts: list[str] = field(default_factory=list)  # each turn's sampled text
+    turns: list[TurnPart] = field(default_factory=list)
+    finish_reason: str = ""  # of the last turn: "stop" | "length" | "abort"
+    ended: str = ""  # why it ended: done, max_turns, max_tokens, context, template_break, unscorable
+    unscorable_reason: str | None = None
+    tool_calls: int = 0
+    tool_errors: int = 0
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt_ids + self.token_ids
+
+    @property
+    def reward(self) -> float:
+        return sum(turn.reward or 0.0 for turn in self.turns)
+
+    def add_turn(self, sample: Sample, version: int) -> None:
+        """The engine's sampled tokens for the next turn, with their behaviour logprobs."""
+        self.token_ids += sample.token_ids
+        self.logprobs += sample.logprobs
+        self.texts.append(sample.text)
+        self.messages.append({"role": "assistant", "content": sample.text})
+        self.turns.append(TurnPart(len(sample.token_ids), 0, version))
+        self.finish_reason = sample.finish_reason
+
+    def add_observation(self, observation: Sequence[Mapping[str, str]], ids: Sequence[int]) -> None:
+        """The environment's answer to the last turn, as the ids that continue the context (loss mask 0)."""
+        self.token_ids += ids
+        self.logprobs += [0.0] * len(ids)
+        self.messages += [dict(message) for message in observation]
+        self.turns[-1].observation_tokens = len(ids)
+
+    def end(self, why: str, unscorable_reason: str | None = None) -> None:
+        self.ended = why
+        self.unscorable_reason = unscorable_reason
+
+    def apply_step(self, answer: Step | str, renderer: ObservationRenderer, spec: EnvironmentSpec,
+                   max_model_len: int) -> bool:
+        """The environment's answer to the last turn (a Step, or why it has none): True when the
+        trajectory goes on (the observation is added and `context` is the next turn's prompt), False
+        when it ended (`ended` says why: done, unscorable, max_turns, template_break, max_tokens or
+        context, the engine's context length)."""
+        if isinstance(answer, str):
+            self.end("unscorable", answer)
+            return False
+        self.turns[-1].reward = answer.reward
+        self.tool_calls += answer.tool_calls
+        self.tool_errors += answer.tool_errors
+        if answer.done:
+            self.end("done")
+            return False
+        if len(self.turns) >= spec.max_turns:
+            self.end("max_turns")
+            return False
+        ids = renderer.continuation(self.messages, answer.observation, self.token_ids[-1])
+        if ids is None:
+            self.end("template_break")
+            return False
+        # the next turn needs room for the observation and one sampled token
+        if len(self.token_ids) + len(ids) + 1 > spec.max_total_tokens:
+            self.end("max_tokens")
+            return False
+        if len(self.context) + len(ids) + 1 > max_model_len:
+            self.end("context")
+            return False
+        self.add_observation(answer.observation, ids)
+        return True
+
+    def turn_budget(self, max_tokens: int, spec: EnvironmentSpec, max_model_len: int) -> int:
+        """Tokens the next turn may sample: max_tokens, within the episode's budget and the context."""
+        return min(max_tokens, spec.max_total_tokens - len(self.token_ids), max_model_len - len(self.context))
+
+    def completion(self) -> pb.Completion:
+        """The trajectory on the wire: every token after the prompt, its turns, and the summed reward
+        (or why it has none)."""
+        message = pb.Completion(token_ids=self.token_ids, logprobs=self.logprobs,
+                                finish_reason=FINISH_REASONS[self.finish_reason], text="".join(self.texts))
+        for part in self.turns:
+            turn = message.turns.add(sampled_tokens=part.sampled_tokens, observation_tokens=part.observation_tokens,
+                                     policy_version=part.policy_version)
+            if part.reward is not None:
+                turn.reward = part.reward
+        if self.unscorable_reason is None:
+            message.reward = self.reward
+        else:
+            message.unscorable_reason = self.unscorable_reason
+        return message

@@ -1,0 +1,156 @@
+"""Multi-turn groups end to end: a RolloutActor in this process (real vLLM engine) runs episodes of an
+environment on a real reward pool (Ray, the environment in its isolated child) and streams them to a
+real learner service over loopback gRPC, whose gate (parse_group) accepts them.
+
+Checked against independent oracles: every observation's tokens are what the model's chat template
+writes between two assistant turns (``<eos>`` when the turn was cut at max_tokens, then ``<user>no<asst>``),
+every sampled token's behaviour logprob is transformers' under the weight version that sampled its
+turn, also when a new version is loaded between two turns of one trajectory, and the learner's loss mask
+covers exactly the sampled tokens. An environment that raises makes its trajectories unscorable, with
+the reason, and the group still arrives."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from actors_helpers import (
+    chat_prompt,
+    hf_model,
+    load_tensors,
+    make_base_model,
+    random_weights,
+    sampled_token_logprobs,
+    write_weights_dir,
+)
+from config_helpers import actor_config, service_config
+from transformers import AutoTokenizer
+
+from actors.rollout_actor import RolloutActor
+from learner.service.prompt_source import Prompt, PromptSource
+from learner.service.server import LearnerService
+from models.tokenizer import vocab_size_for
+from rewards.pool import RewardPool, RewardSpec, WeightedReward
+from rewards.spec import EnvironmentSpec
+
+pytestmark = pytest.mark.slow  # Ray and vLLM actors
+
+ROOT = Path(__file__).resolve().parents[1]
+G = 3
+TEMPERATURE = 0.8
+MAX_TURNS = 3
+TURN_TOKENS = 5
+
+USER_MODULE = '''
+from rewards.retry_environment import AnswerRetry
+
+class RetryOrRaise(AnswerRetry):
+    """answer_retry, except on the rows whose `mode` is "raise"."""
+
+    def reset(self, row):
+        super().reset(row)
+        self.mode = row.get("mode", "")
+
+    def step(self, reply):
+        if self.mode == "raise":
+            raise RuntimeError("the environment failed")
+        return super().step(reply)
+'''
+
+
+@pytest.fixture
+def rig(ray_session, tmp_path):
+    base = make_base_model(tmp_path / "base")
+    sharp = write_weights_dir(base, tmp_path / "sharp", random_weights(load_tensors(base), seed=1))
+    (tmp_path / "user_episodes.py").write_text(textwrap.dedent(USER_MODULE))
+    environment = EnvironmentSpec(ref="user_episodes:RetryOrRaise", max_turns=MAX_TURNS, max_total_tokens=40)
+    pool = RewardPool(RewardSpec(functions=[WeightedReward(ref="exact_match")], environment=environment),
+                      num_workers=1, actor_options={"runtime_env": {"env_vars": {"PYTHONPATH": f"{tmp_path}:{ROOT}"}}})
+    prompts = [Prompt(chat_prompt("12+30"), "12+30", {"answer": "42"}),
+               Prompt(chat_prompt("7+8"), "7+8", {"answer": "15"}),
+               Prompt(chat_prompt("5+5"), "5+5", {"answer": "10", "mode": "raise"})]
+    service = LearnerService(PromptSource(prompts, epochs=None), service_config(
+        queue_capacity=8, max_staleness=1000, group_size=G, lease_seconds=60.0, vocab_size=vocab_size_for(),
+        max_sequence_tokens=64))
+    address = service.start()
+    config = actor_config(base, group_size=G, temperature=TEMPERATURE, max_tokens=TURN_TOKENS, max_model_len=64,
+                          kv_cache_gib=0.125, prompts_per_batch=3, num_cpus=0, environment=environment,
+                          weight_drain_steps=0)  # a version loads at once: the turns in flight are sampled again
+    actor = RolloutActor("actor-0", config, address, pool.handles())
+    actor.client.register(actor.capabilities(), actor.version)
+    yield actor, service, {0: base, 1: sharp}
+    actor.client.close()
+    actor.engine.shutdown()
+    service.stop()
+    pool.shutdown()
+
+
+def _sample_episodes(actor: RolloutActor, service: LearnerService, dirs: dict, load_after_turns: int):
+    """Lease the three prompts and run the streaming loop's calls until their groups are sent; once
+    `load_after_turns` turns were sampled, publish version 1 (what the weights thread does; with no
+    drain allowed it is loaded after the next engine step, the turns then in the engine aborted and
+    sampled again on it)."""
+    actor._submit(actor.client.lease_prompts(3).prompts)
+    published = False
+    for _ in range(2000):
+        if not actor._episode_groups():
+            break
+        actor._step_engine()
+        if not published and actor.episodes.counts.turns >= load_after_turns:
+            service.publish_weights(1, load_tensors(dirs[1]).items())
+            actor._maybe_update_weights(1)
+            published = True
+        actor._load_when_drained()
+        actor._advance_episodes(wait_s=0.05)
+    assert not actor._episode_groups() and actor.version == 1
+    return sorted(service.next_batch(3, timeout=30), key=lambda record: record.metadata["answer"])
+
+
+def test_episodes_carry_exact_tokens_per_turn_versions_and_rewards_and_a_failing_environment_is_unscorable(rig):
+    actor, service, dirs = rig
+    tokenizer = AutoTokenizer.from_pretrained(dirs[0])
+    eos, feedback = tokenizer.eos_token, "<user>no<asst>"
+    raising, *retried = _sample_episodes(actor, service, dirs, load_after_turns=2 * G)
+    models = {version: hf_model(path) for version, path in dirs.items()}
+    spanning, multi_turn = 0, 0
+    for record in retried:
+        turn_versions = [[turn.policy_version for turn in c.turns] for c in record.completions]
+        assert len(record.completions) == G and record.policy_version == min(min(v) for v in turn_versions)
+        spanning += sum(v[0] < v[-1] for v in turn_versions)  # versions only grow along a trajectory
+        assert all(v == sorted(v) for v in turn_versions)
+        for completion in record.completions:
+            assert completion.unscorable_reason is None and completion.reward in (0.0, 1.0)
+            assert 1 <= len(completion.turns) <= MAX_TURNS and completion.turns[-1].observation_tokens == 0
+            multi_turn += len(completion.turns) > 1
+            mask = completion.loss_mask
+            context = list(record.prompt_ids)
+            position = 0
+            for turn in completion.turns:
+                sampled = completion.token_ids[position:position + turn.sampled_tokens]
+                observed = completion.token_ids[position + turn.sampled_tokens:
+                                                 position + turn.sampled_tokens + turn.observation_tokens]
+                # the behaviour logprobs are the sampling version's, given everything before the turn
+                expected = sampled_token_logprobs(models[turn.policy_version], context, sampled, TEMPERATURE)
+                got = completion.logprobs[position:position + turn.sampled_tokens]
+                np.testing.assert_allclose(got, expected, atol=1e-3)
+                assert mask[position:position + turn.sampled_tokens].all()
+                if turn.observation_tokens:
+                    text = tokenizer.decode(observed, skip_special_tokens=False)
+                    ended_with_eos = sampled[-1] == tokenizer.eos_token_id
+                    assert text == (feedback if ended_with_eos else eos + feedback), text
+                    assert turn.reward == 0.0 and not mask[position + turn.sampled_tokens:][:len(observed)].any()
+                context += sampled + observed
+                position += turn.sampled_tokens + turn.observation_tokens
+            assert position == len(completion.token_ids)
+            assert completion.reward == sum(turn.reward or 0.0 for turn in completion.turns)
+    assert multi_turn > 0 and spanning > 0  # a trajectory went on with the version loaded mid-episode
+    assert [c.unscorable_reason for c in raising.completions] == ["environment:raised:RuntimeError"] * G
+    assert all(len(c.turns) == 1 for c in raising.completions)
+
+    counts = actor.stats().episodes
+    turns = sum(len(c.turns) for r in (raising, *retried) for c in r.completions)
+    assert counts["trajectories"] == 3 * G and counts["turns"] == turns
+    assert counts["ended/unscorable"] == G
+    assert sum(n for key, n in counts.items() if key.startswith("ended/")) == 3 * G
