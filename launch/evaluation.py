@@ -5,7 +5,9 @@ A completion "passes" when its reward exceeds rewards.types.PASS_THRESHOLD.
 The model runs in a vLLM `RolloutEngine` in this process; weights can be swapped in between
 evaluations (`evaluate(tensors=...)`) so an RL run evaluates its newest weights without
 writing a directory. Rewards are scored by a `Scorer` (the run's reward functions in an isolated
-child process, as the reward workers run them).
+child process, as the reward workers run them). With an environment (`rewards.environment`) each
+sample is a whole episode instead, played turn by turn as the actors play them (actors/trajectory.py),
+the environment in an isolated child process; an episode passes when its summed reward does.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ from transformers import AutoTokenizer
 
 from actors.engine import RolloutEngine, SamplingSpec
 from actors.learner_client import Prompt
+from actors.trajectory import ObservationRenderer, Trajectory
 from launch.config import ConfigError
 from launch.prompts import chat_prompt_rows
 from launch.run import Run
+from rewards.environment_host import IsolatedEnvironment
 from rewards.isolation import IsolatedScorer
+from rewards.spec import EnvironmentSpec
 from rewards.types import PASS_THRESHOLD, ScoreResult
 
 
@@ -45,15 +50,58 @@ def _mean_reward(results: Sequence[ScoreResult]) -> float:
     return float(np.mean(rewards)) if rewards else 0.0
 
 
+class Episodes:
+    """Plays an environment's episodes on an engine, every trajectory's turns batched in the engine;
+    the environment runs in an isolated child (`rewards.environment_host`)."""
+
+    def __init__(self, host: IsolatedEnvironment, spec: EnvironmentSpec, renderer: ObservationRenderer) -> None:
+        self.host, self.spec, self.renderer = host, spec, renderer
+
+    def play(self, engine: RolloutEngine, examples: Sequence[Prompt], n: int, temperature: float,
+             max_tokens: int) -> list[list[Trajectory]]:
+        """`n` episodes per example (temperature 0: greedy), [example][episode], each ended."""
+        trajectories = {f"eval/{i}/{j}": Trajectory(list(e.prompt_ids), [{"role": "user", "content": e.text}])
+                        for i, e in enumerate(examples) for j in range(n)}
+        for key, trajectory in trajectories.items():
+            trajectory.unscorable_reason = self.host.reset(key, examples[int(key.split("/")[1])].metadata)
+        playing = dict(trajectories)
+        while playing:
+            for key, trajectory in playing.items():
+                budget = trajectory.turn_budget(max_tokens, self.spec, engine.max_model_len)
+                engine.submit(key, trajectory.context, SamplingSpec(n=1, temperature=temperature, max_tokens=budget))
+            turns: dict[str, object] = {}
+            while engine.in_flight:
+                turns.update((key, samples[0]) for key, samples in engine.poll())
+            for key, sample in turns.items():
+                trajectory = playing[key]
+                trajectory.add_turn(sample, 0)
+                answer = trajectory.unscorable_reason or self.host.step(key, sample.text)
+                if not trajectory.apply_step(answer, self.renderer, self.spec, engine.max_model_len):
+                    del playing[key]
+                    if trajectory.ended not in ("done", "unscorable"):
+                        self.host.close(key)
+        return [[trajectories[f"eval/{i}/{j}"] for j in range(n)] for i in range(len(examples))]
+
+    def close(self) -> None:
+        self.host.shutdown()
+
+
+def _episode_results(trajectories: Sequence[Trajectory]) -> list[ScoreResult]:
+    return [ScoreResult(None, t.unscorable_reason) if t.unscorable_reason else ScoreResult(t.reward)
+            for t in trajectories]
+
+
 class Evaluator:
     """Scores one model on a fixed list of examples; reuse it across evaluations of one run."""
 
     def __init__(self, hf_dir: Path, examples: Sequence[Prompt], scorer: Scorer, *, k: int, max_tokens: int,
-                 temperature: float, max_model_len: int, kv_cache_gib: float, dtype: str, seed: int):
-        """The keyword arguments come from the run config (launch.config.TandemConfig.eval_settings)."""
+                 temperature: float, max_model_len: int, kv_cache_gib: float, dtype: str, seed: int,
+                 episodes: Episodes | None = None):
+        """The keyword arguments come from the run config (launch.config.TandemConfig.eval_settings);
+        `episodes`: play each sample as an episode of this environment (the scorer is then unused)."""
         if not examples:
             raise ValueError("evaluation needs at least one example")
-        self.examples, self.scorer = list(examples), scorer
+        self.examples, self.scorer, self.episodes = list(examples), scorer, episodes
         self.k, self.max_tokens, self.temperature = k, max_tokens, temperature
         self.engine = RolloutEngine(hf_dir, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib, seed=seed,
                                      dtype=dtype)
@@ -62,6 +110,8 @@ class Evaluator:
         """pass@1 (greedy), mean reward and pass@k at `temperature`, over all examples."""
         if tensors is not None:
             self.engine.load_weights(tensors)
+        if self.episodes is not None:
+            return self._evaluate_episodes()
         prompts = [e.prompt_ids for e in self.examples]
         greedy = self.engine.greedy(prompts, self.max_tokens)
         sampled = self.engine.generate(prompts, SamplingSpec(n=self.k, temperature=self.temperature,
@@ -82,9 +132,27 @@ class Evaluator:
             "examples": float(len(self.examples)),
         }
 
+    def _evaluate_episodes(self) -> dict[str, float]:
+        """The same figures over whole episodes, plus assistant turns per sampled episode."""
+        play = self.episodes.play
+        greedy = play(self.engine, self.examples, 1, 0.0, self.max_tokens)
+        sampled = play(self.engine, self.examples, self.k, self.temperature, self.max_tokens)
+        greedy_pass = [p for [episode] in greedy for p in _passes(_episode_results([episode]))]
+        results = [_episode_results(group) for group in sampled]
+        return {
+            "pass@1_greedy": float(np.mean(greedy_pass)),
+            f"pass_rate_t{self.temperature:g}": float(np.mean([np.mean(_passes(r)) for r in results])),
+            f"reward_mean_t{self.temperature:g}": float(np.mean([_mean_reward(r) for r in results])),
+            f"pass@{self.k}": float(np.mean([any(_passes(r)) for r in results])),
+            "turns_mean": float(np.mean([len(t.turns) for group in sampled for t in group])),
+            "examples": float(len(self.examples)),
+        }
+
     def close(self) -> None:
         self.engine.shutdown()
         self.scorer.close()
+        if self.episodes is not None:
+            self.episodes.close()
 
 
 def make_evaluator(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None, prompt_format: str = "chat",
@@ -102,7 +170,10 @@ def make_evaluator(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None
     settings = config.eval_settings()
     if k is not None:
         settings["k"] = k
-    return Evaluator(hf_dir, examples, IsolatedScorer(config.rewards.spec()), **settings)
+    spec = config.rewards.spec()
+    episodes = None if spec.environment is None else Episodes(IsolatedEnvironment(spec), spec.environment,
+                                                              ObservationRenderer(tokenizer))
+    return Evaluator(hf_dir, examples, IsolatedScorer(spec), **settings, episodes=episodes)
 
 
 def evaluate_dir(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None, prompt_format: str = "chat",

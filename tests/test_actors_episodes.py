@@ -154,3 +154,45 @@ def test_episodes_carry_exact_tokens_per_turn_versions_and_rewards_and_a_failing
     assert counts["trajectories"] == 3 * G and counts["turns"] == turns
     assert counts["ended/unscorable"] == G
     assert sum(n for key, n in counts.items() if key.startswith("ended/")) == 3 * G
+
+
+def test_held_out_evaluation_plays_whole_greedy_episodes_the_model_would_play(tmp_path):
+    """launch.evaluation with an environment: greedy episodes are the model's argmax at every sampled
+    position (transformers, teacher-forced on the whole trajectory), and the figures count episodes."""
+    import torch
+
+    from actors.learner_client import Prompt as EnginePrompt
+    from actors.trajectory import ObservationRenderer
+    from launch.evaluation import Episodes, Evaluator
+    from rewards.environment_host import IsolatedEnvironment
+    from rewards.isolation import IsolatedScorer
+
+    plain = make_base_model(tmp_path / "plain")  # sharp weights: greedy tokens free of near-ties
+    base = write_weights_dir(plain, tmp_path / "base", random_weights(load_tensors(plain), seed=1))
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    environment = EnvironmentSpec(ref="answer_retry", max_turns=MAX_TURNS, max_total_tokens=40)
+    spec = RewardSpec(functions=[WeightedReward(ref="exact_match")], environment=environment)
+    examples = [EnginePrompt(chat_prompt(f"{a}+{b}"), f"{a}+{b}", {"answer": str(a + b)})
+                for a, b in [(12, 30), (7, 8), (5, 5)]]
+    episodes = Episodes(IsolatedEnvironment(spec), environment, ObservationRenderer(tokenizer))
+    evaluator = Evaluator(base, examples, IsolatedScorer(spec), k=2, max_tokens=TURN_TOKENS, temperature=1.0,
+                          max_model_len=64, kv_cache_gib=0.125, dtype="float32", seed=0, episodes=episodes)
+    try:
+        greedy = episodes.play(evaluator.engine, examples, 1, 0.0, TURN_TOKENS)
+        figures = evaluator.evaluate()
+    finally:
+        evaluator.close()
+    model = hf_model(base)
+    for example, [trajectory] in zip(examples, greedy, strict=True):
+        assert trajectory.ended in ("done", "max_turns") and 1 <= len(trajectory.turns) <= MAX_TURNS
+        ids = torch.tensor([trajectory.context])
+        with torch.no_grad():
+            argmax = model(input_ids=ids).logits[0].argmax(-1).tolist()
+        position = len(example.prompt_ids)
+        for turn in trajectory.turns:  # each sampled token is the argmax given everything before it
+            for at in range(position, position + turn.sampled_tokens):
+                assert trajectory.context[at] == argmax[at - 1]
+            position += turn.sampled_tokens + turn.observation_tokens
+    passes = [t.reward > 0.5 for [t] in greedy]
+    assert figures["pass@1_greedy"] == np.mean(passes) and figures["examples"] == 3
+    assert 1 <= figures["turns_mean"] <= MAX_TURNS and 0 <= figures["pass@2"] <= 1
