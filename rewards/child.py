@@ -11,33 +11,22 @@ The child imports the reward functions once, then serves groups until the socket
 """
 
 import asyncio
-import ctypes
-import importlib
-import logging
-import signal
 import sys
-from multiprocessing.connection import Connection
 
+from rewards.child_setup import connect
 from rewards.scoring import Group, load_components, plan_units, run_unit
 
-_PR_SET_PDEATHSIG = 1
+
+def _load(functions: list, timeout_s: float) -> tuple[tuple[list, float], list[bool]]:
+    components = load_components(functions)
+    return (components, timeout_s), [component.one_unit_per_group for component in components]
 
 
 def main(fd: int) -> None:
-    # Die with the reward worker even while stuck in user code (libc prctl; not in the stdlib).
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    logging.basicConfig(level=logging.WARNING, format="reward child: %(levelname)s %(name)s: %(message)s")
-    connection = Connection(fd)
-    _, sys_path, imports, functions, timeout_s = connection.recv()
-    sys.path[:0] = [entry for entry in sys_path if entry not in sys.path]
-    try:
-        for module in imports:
-            importlib.import_module(module)
-        components = load_components(functions)
-    except Exception as error:  # noqa: BLE001 - reported to the parent, which raises it
-        connection.send(("init_error", f"{type(error).__name__}: {error}"))
+    started = connect(fd, "reward", _load)
+    if started is None:
         return
-    connection.send(("ready", [component.one_unit_per_group for component in components]))
+    connection, (components, timeout_s) = started
     loop = asyncio.new_event_loop()
     while True:
         try:

@@ -13,34 +13,23 @@ or it is the oldest of more than MAX_EPISODES (a trajectory whose actor went awa
 """
 
 import collections
-import ctypes
-import importlib
-import logging
-import signal
 import sys
-from multiprocessing.connection import Connection
 
+from rewards.child_setup import connect
 from rewards.environments import Environment, InvalidStep, check_step, resolve_environment
 
-_PR_SET_PDEATHSIG = 1
 MAX_EPISODES = 65536
 
 
+def _load(ref: str, kwargs: dict) -> tuple[tuple[type, dict], None]:
+    return (resolve_environment(ref), kwargs), None
+
+
 def main(fd: int) -> None:
-    # Die with the reward worker even while stuck in user code (libc prctl; not in the stdlib).
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    logging.basicConfig(level=logging.WARNING, format="environment child: %(levelname)s %(name)s: %(message)s")
-    connection = Connection(fd)
-    _, sys_path, imports, ref, kwargs = connection.recv()
-    sys.path[:0] = [entry for entry in sys_path if entry not in sys.path]
-    try:
-        for module in imports:
-            importlib.import_module(module)
-        cls = resolve_environment(ref)
-    except Exception as error:  # noqa: BLE001 - reported to the parent, which raises it
-        connection.send(("init_error", f"{type(error).__name__}: {error}"))
+    started = connect(fd, "environment", _load)
+    if started is None:
         return
-    connection.send(("ready", None))
+    connection, (cls, kwargs) = started
     episodes: collections.OrderedDict[str, Environment] = collections.OrderedDict()
     while True:
         try:
