@@ -1,17 +1,21 @@
 """Environments in their isolated child: episodes keep their state between steps, and an environment
 that raises, hangs, kills its process or answers with something that is not a Step ends only its own
-episode, with a reason (never a silent 0); the next episode is served by a fresh child."""
+episode, with a reason (never a silent 0); the next episode is served by a fresh child. Tools: plain
+functions with their schema, run on the calls a reply makes, their failures shown and counted."""
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from rewards.environment_host import IsolatedEnvironment
 from rewards.environments import Environment, Step, check_step, environment, resolve_environment
 from rewards.spec import EnvironmentSpec, RewardSpec, WeightedReward
+from rewards.tools import ToolEnvironment, tool_schema
 
 USER_MODULE = '''
 import ctypes, math, os, time
@@ -106,3 +110,70 @@ def test_steps_are_checked_and_registration_is_by_name():
     with pytest.raises(ValueError, match="already registered"):
         environment("test_echo")(type("Other", (Environment,), {}))
     assert sys.modules["rewards.retry_environment"]
+
+
+def calculate(expression: str, digits: int = 0) -> str:
+    """The value of an integer expression with + - *.
+
+    Anything else is an error."""
+    if not set(expression) <= set("0123456789+-* "):
+        raise ValueError(f"not an integer expression: {expression!r}")
+    return str(round(eval(expression), digits))  # noqa: S307 - checked to digits and + - * above
+
+
+class Calculator(ToolEnvironment):
+    tools = (calculate,)
+
+    def reset(self, row):
+        self.expected = row["answer"]
+
+    def answer(self, reply):
+        return Step(reward=float(reply.strip() == self.expected), done=True)
+
+
+def test_a_tool_is_a_plain_function_with_its_json_schema():
+    assert tool_schema(calculate) == {"type": "function", "function": {
+        "name": "calculate", "description": "The value of an integer expression with + - *.",
+        "parameters": {"type": "object", "required": ["expression"],
+                       "properties": {"expression": {"type": "string"}, "digits": {"type": "integer"}}}}}
+    with pytest.raises(TypeError, match="needs a type hint"):
+        tool_schema(lambda x: x)
+
+
+def test_tool_calls_are_run_and_their_failures_shown_to_the_model_and_counted():
+    env = Calculator()
+    env.reset({"answer": "34"})
+    call = '<tool_call>{"name": "calculate", "arguments": {"expression": "46-12"}}</tool_call>'
+    step = check_step(env.step(call))
+    assert step.observation == ({"role": "tool", "content": "34"},) and (step.tool_calls, step.tool_errors) == (1, 0)
+    bad = ('<tool_call>{"name": "calculate", "arguments": {"expression": "__import__(1)"}}</tool_call>'
+           '<tool_call>{"name": "calculate", "arguments": {"expression": 4}}</tool_call>'
+           '<tool_call>{"name": "calculate", "arguments": {"expr": "1"}}</tool_call>'
+           '<tool_call>{"name": "shell", "arguments": {}}</tool_call><tool_call>{not json}</tool_call>'
+           '<tool_call>["calculate"]</tool_call>')
+    step = check_step(env.step(bad))
+    assert (step.tool_calls, step.tool_errors) == (6, 6) and not step.done
+    contents = [message["content"] for message in step.observation]
+    assert contents[0].startswith("error: calculate raised ValueError: not an integer expression")
+    assert contents[1] == "error: calculate: expression must be a JSON string"
+    assert "missing a required argument: 'expression'" in contents[2] and "no tool 'shell'" in contents[3]
+    assert "not JSON" in contents[4] and '"arguments": <object>' in contents[5]
+    assert env.step(" 34 ") == Step(reward=1.0, done=True)  # no call: the final answer
+
+
+def test_the_calculator_of_docs_environments_md_runs_as_written(tmp_path, monkeypatch):
+    """The page's one-screen environment, taken from the page, in its isolated child."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "environments.md").read_text()
+    (tmp_path / "my_envs.py").write_text(re.search(r"```python\n(.*?)```", page, re.DOTALL).group(1))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = RewardSpec(functions=[WeightedReward(ref="exact_match")], imports=["my_envs"],
+                      environment=EnvironmentSpec(ref="calculator"))
+    host = IsolatedEnvironment(spec)
+    try:
+        host.reset("k", {"answer": "34"})
+        call = '<tool_call>{"name": "calculate", "arguments": {"expression": "46-12"}}</tool_call>'
+        assert host.step("k", call).observation == ({"role": "tool", "content": "34"},)
+        assert host.step("k", call.replace("46-12", "4/2")).tool_errors == 1
+        assert host.step("k", "34") == Step(reward=1.0, done=True)
+    finally:
+        host.shutdown()
