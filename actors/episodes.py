@@ -10,9 +10,10 @@ ScoredGroup whose completions are the trajectories, with their turns, the weight
 (a weight load between two turns, or one that aborts a turn, moves the rest to the new version), and the
 reward of each step.
 
-Stop conditions: the environment says done; ``max_turns``; ``max_total_tokens`` after the prompt; the
-engine's context; a chat template that cannot extend the conversation (``template_break``). An
-environment that fails (raises, hangs, crashes, returns a bad Step) ends its trajectory unscorable.
+Stop conditions (``Trajectory.apply_step``): the environment says done; ``max_turns``; more tool errors
+than ``max_tool_errors``; ``max_total_tokens`` after the prompt; the engine's context; a chat template
+that cannot extend the conversation (``template_break``). An environment that fails (raises, hangs,
+crashes, returns a bad Step) ends its trajectory unscorable.
 """
 
 from __future__ import annotations

@@ -59,7 +59,8 @@ class ActorStats:
     """weight bytes its relay forwarded to other actors"""
     episodes: dict[str, int] = field(default_factory=dict)
     """multi-turn (an environment): trajectories, turns, tool_calls, tool_errors, and ended/<why> for each
-    way a trajectory ended (done, max_turns, max_tokens, context, template_break, unscorable); {} without"""
+    way a trajectory ended (done, max_turns, tool_errors, max_tokens, context, template_break, unscorable);
+    {} without"""
 
 
 class TimeShareMeter:

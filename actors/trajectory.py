@@ -76,7 +76,7 @@ class Trajectory:
     texts: list[str] = field(default_factory=list)  # each turn's sampled text
     turns: list[TurnPart] = field(default_factory=list)
     finish_reason: str = ""  # of the last turn: "stop" | "length" | "abort"
-    ended: str = ""  # why it ended: done, max_turns, max_tokens, context, template_break, unscorable
+    ended: str = ""  # why it ended (Trajectory.apply_step)
     unscorable_reason: str | None = None
     tool_calls: int = 0
     tool_errors: int = 0
@@ -113,8 +113,8 @@ class Trajectory:
                    max_model_len: int) -> bool:
         """The environment's answer to the last turn (a Step, or why it has none): True when the
         trajectory goes on (the observation is added and `context` is the next turn's prompt), False
-        when it ended (`ended` says why: done, unscorable, max_turns, template_break, max_tokens or
-        context, the engine's context length)."""
+        when it ended (`ended` says why: done, unscorable, max_turns, tool_errors, template_break,
+        max_tokens or context, the engine's context length)."""
         if isinstance(answer, str):
             self.end("unscorable", answer)
             return False
@@ -126,6 +126,9 @@ class Trajectory:
             return False
         if len(self.turns) >= spec.max_turns:
             self.end("max_turns")
+            return False
+        if spec.max_tool_errors is not None and self.tool_errors > spec.max_tool_errors:
+            self.end("tool_errors")
             return False
         ids = renderer.continuation(self.messages, answer.observation, self.token_ids[-1])
         if ids is None:

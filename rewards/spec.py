@@ -31,6 +31,9 @@ class EnvironmentSpec(pydantic.BaseModel):
     max_total_tokens: int = pydantic.Field(256, ge=1, description="tokens after the prompt at most, sampled "
                                                                   "and observation; the learner's rows fit "
                                                                   "prompt + this")
+    max_tool_errors: int | None = pydantic.Field(None, ge=0, description="end an episode once its tool errors "
+                                                                         "exceed this (0: at the first); None: "
+                                                                         "no limit")
 
 
 class RewardSpec(pydantic.BaseModel):

@@ -12,6 +12,8 @@ from actors.trajectory import ObservationRenderer, Trajectory
 from learner.data import chat_template_ids
 from learner.service.group_validation import GroupLimits, parse_group
 from models.tokenizer import build_char_tokenizer, build_chatml_tokenizer
+from rewards.environments import Step
+from rewards.spec import EnvironmentSpec
 from tandem_wire import tandem_pb2 as pb
 
 
@@ -79,3 +81,31 @@ def test_a_template_that_rewrites_earlier_turns_is_a_break_not_a_fabrication(tok
     renderer = ObservationRenderer(_RewritingTemplate(tokenizer))
     messages = [{"role": "user", "content": "46-12"}, {"role": "assistant", "content": "58"}]
     assert renderer.continuation(messages, [{"role": "user", "content": "no"}], tokenizer.eos_token_id) is None
+
+
+@pytest.mark.parametrize(("answer", "spec", "ended"), [
+    (Step(reward=1.0, done=True), {}, "done"),
+    ("environment:timeout", {}, "unscorable"),
+    (Step(observation=[{"role": "user", "content": "no"}]), {"max_turns": 1}, "max_turns"),
+    (Step(observation=[{"role": "user", "content": "no"}], tool_calls=1, tool_errors=1), {"max_tool_errors": 0},
+     "tool_errors"),
+    (Step(observation=[{"role": "user", "content": "no"}]), {"max_total_tokens": 6}, "max_tokens"),
+    (Step(observation=[{"role": "user", "content": "no"}]), {"max_model_len": 12}, "context"),
+    (Step(observation=[{"role": "user", "content": "no"}], tool_calls=1, tool_errors=1), {}, ""),
+])
+def test_each_stop_condition_ends_the_trajectory_with_its_reason_and_nothing_dangling(tokenizer, answer, spec, ended):
+    """After the first turn (3 tokens: '5', '8', EOS) of `<bos><user>46-12<asst>`-like prompts."""
+    settings = {"max_turns": 4, "max_total_tokens": 64, "max_model_len": 64, **spec}
+    max_model_len = settings.pop("max_model_len")
+    environment = EnvironmentSpec(ref="answer_retry", **settings)
+    prompt = chat_template_ids(tokenizer, [{"role": "user", "content": "46-12"}], add_generation_prompt=True)
+    trajectory = Trajectory(list(prompt), [{"role": "user", "content": "46-12"}])
+    trajectory.add_turn(_sampled(tokenizer, "58"), version=0)
+    goes_on = trajectory.apply_step(answer, ObservationRenderer(tokenizer), environment, max_model_len)
+    assert goes_on == (ended == "") and trajectory.ended == ended
+    if goes_on:  # the observation is in, and the next turn has room
+        assert trajectory.turns[-1].observation_tokens > 0 and trajectory.tool_errors == 1
+        assert trajectory.turn_budget(16, environment, max_model_len) >= 1
+    else:  # nothing observed after the last turn: the wire's rule
+        assert trajectory.turns[-1].observation_tokens == 0
+    assert trajectory.completion().HasField("unscorable_reason") == (ended == "unscorable")
