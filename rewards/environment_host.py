@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from rewards.environments import Step
 from rewards.isolation import ChildProcess, Gone
 from rewards.spec import RewardSpec
+from rewards.types import RewardStats
 
 REASON_PREFIX = "environment:"
 
@@ -49,10 +50,10 @@ class IsolatedEnvironment:
         except Gone:
             self._restart()
 
-    def stats(self) -> dict[str, object]:
+    def stats(self) -> RewardStats:
         """Episodes started, steps taken, child restarts and failed calls by reason."""
-        return {**{name: self._counts[name] for name in ("episodes", "steps", "restarts")},
-                "failures": dict(self._failures)}
+        return RewardStats(restarts=self._counts["restarts"], failures=dict(self._failures),
+                           episodes=self._counts["episodes"], steps=self._counts["steps"])
 
     def shutdown(self) -> None:
         self._child.kill()

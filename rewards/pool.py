@@ -62,12 +62,10 @@ class RewardWorker:
         self._episodes().close(key)
 
     def stats(self) -> RewardStats:
-        """What its child scored so far (nothing when the reward functions did not load)."""
-        return self._scorer.stats() if self._scorer is not None else RewardStats()
-
-    def environment_stats(self) -> dict:
-        """Episodes, steps, restarts and failures of its environment child ({} without one)."""
-        return self._environment.stats() if self._environment is not None else {}
+        """What its children did so far: completions scored, and episodes and steps of its environment
+        (nothing when they did not load)."""
+        stats = self._scorer.stats() if self._scorer is not None else RewardStats()
+        return stats + self._environment.stats() if self._environment is not None else stats
 
     def close(self) -> None:
         if self._scorer is not None:

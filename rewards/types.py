@@ -44,10 +44,15 @@ class RewardStats:
     restarts: int = 0
     """isolated child processes replaced after a timeout or a crash"""
     failures: dict[str, int] = field(default_factory=dict)
-    """failed reward calls by ``<component>:<reason>``"""
+    """failed reward calls by ``<component>:<reason>``, and failed environment calls by ``environment:<reason>``"""
+    episodes: int = 0
+    """environment episodes started (multi-turn)"""
+    steps: int = 0
+    """environment steps taken"""
 
     def __add__(self, other: RewardStats) -> RewardStats:
         failures = collections.Counter(self.failures)
         failures.update(other.failures)
         return RewardStats(self.scored + other.scored, self.unscorable + other.unscorable,
-                           self.restarts + other.restarts, dict(failures))
+                           self.restarts + other.restarts, dict(failures), self.episodes + other.episodes,
+                           self.steps + other.steps)

@@ -16,6 +16,7 @@ from rewards.environment_host import IsolatedEnvironment
 from rewards.environments import Environment, Step, check_step, environment, resolve_environment
 from rewards.spec import EnvironmentSpec, RewardSpec, WeightedReward
 from rewards.tools import ToolEnvironment, tool_schema
+from rewards.types import RewardStats
 
 USER_MODULE = '''
 import ctypes, math, os, time
@@ -64,7 +65,7 @@ def test_episodes_keep_their_own_state_between_steps(host):
     last = host.step("a", "x")
     assert last.done and last.reward == 0.5 and last.observation == ()
     assert host.step("a", "x") == "environment:lost"  # a finished episode is forgotten
-    assert host.stats() == {"episodes": 2, "steps": 5, "restarts": 0, "failures": {"environment:lost": 1}}
+    assert host.stats() == RewardStats(failures={"environment:lost": 1}, episodes=2, steps=5)
 
 
 @pytest.mark.parametrize(("reply", "reason", "restarts"), [
@@ -75,7 +76,7 @@ def test_a_failing_step_ends_only_its_episode_with_a_reason(host, reply, reason,
     host.reset("bad", {})
     host.reset("good", {})
     assert host.step("bad", reply) == reason
-    assert host.stats()["restarts"] == restarts
+    assert host.stats().restarts == restarts
     # a killed child took the other episodes with it: they are lost, never scored 0
     assert host.step("good", "x") == ("environment:lost" if restarts else
                                       Step(({"role": "tool", "content": "1"},), 0.5, False))
