@@ -39,7 +39,6 @@ Submit = Callable[[str, list[int], SamplingSpec], None]  # engine key, prompt id
 @dataclass
 class _Group:
     lease: Prompt
-    version: int  # the version its first turns were submitted with
     worker: ray.actor.ActorHandle
     trajectories: list[Trajectory]
     sampled_at: float
@@ -51,7 +50,7 @@ class _Group:
 class _Key:
     group_id: str
     index: int
-    version: int = 0  # of the turn in the engine
+    version: int = 0  # the weight version of its turn in the engine
 
 
 @dataclass
@@ -90,14 +89,15 @@ class EpisodeRunner:
     def owns(self, key: str) -> bool:
         return key in self._keys
 
-    def start(self, lease: Prompt, version: int) -> None:
-        """Reset G episodes for `lease`; their first turns are submitted once the resets are in."""
+    def start(self, lease: Prompt) -> None:
+        """Reset G episodes for `lease`; their first turns are submitted once the resets are in, with the
+        version then served."""
         worker = self.workers[zlib.crc32(lease.group_id.encode()) % len(self.workers)]
-        group = _Group(lease, version, worker, [], time.time(), time.perf_counter())
+        group = _Group(lease, worker, [], time.time(), time.perf_counter())
         user = [{"role": "user", "content": lease.text}]
         for index in range(self.group_size):
             key = f"{lease.group_id}/{index}"
-            self._keys[key] = _Key(lease.group_id, index, version)
+            self._keys[key] = _Key(lease.group_id, index)
             group.trajectories.append(Trajectory(list(lease.prompt_ids), [dict(m) for m in user]))
             self._calls.append((key, "reset", worker.reset_episode.remote(key, dict(lease.metadata))))
         self._groups[lease.group_id] = group

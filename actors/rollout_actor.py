@@ -358,7 +358,7 @@ class RolloutActor:
         """Add one lease's group to the engine, sampled with the version served now (engine lock held);
         multi-turn, start its episodes (their first turns reach the engine once the resets are in)."""
         if self.episodes is not None:
-            self.episodes.start(lease, self.version)
+            self.episodes.start(lease)
             return
         self.engine.submit(lease.group_id, lease.prompt_ids, self.sampling)
         self._in_engine[lease.group_id] = _InEngine(lease, self.version, time.time(), time.perf_counter())

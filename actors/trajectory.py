@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import jinja2
+
 from actors.engine import Sample
 from actors.groups import FINISH_REASONS
 from rewards.environments import Step
@@ -39,10 +41,14 @@ class ObservationRenderer:
                      last_sampled_id: int | None) -> list[int] | None:
         """Ids that follow the assistant's last turn (`messages` ends with it) when `observation` is added,
         through the generation prompt of the next assistant turn; None when the template does not extend
-        the conversation's rendering byte for byte. `last_sampled_id`: the turn's last token, which ends
+        the conversation's rendering byte for byte, or refuses the observation (e.g. a `tool` message to a
+        template without that role). `last_sampled_id`: the turn's last token, which ends
         the turn when it is the start of the template's end-of-turn marker (an EOS sampled by the model)."""
-        before = self._render(messages)
-        after = self._render([*messages, *observation], add_generation_prompt=True)
+        try:
+            before = self._render(messages)
+            after = self._render([*messages, *observation], add_generation_prompt=True)
+        except (jinja2.TemplateError, ValueError):
+            return None
         if not after.startswith(before) or not before.endswith(self.assistant_tail):
             return None
         tail = self.assistant_tail

@@ -81,6 +81,11 @@ def test_a_template_that_rewrites_earlier_turns_is_a_break_not_a_fabrication(tok
     renderer = ObservationRenderer(_RewritingTemplate(tokenizer))
     messages = [{"role": "user", "content": "46-12"}, {"role": "assistant", "content": "58"}]
     assert renderer.continuation(messages, [{"role": "user", "content": "no"}], tokenizer.eos_token_id) is None
+    # a role the template refuses (the character tokenizer's has no `tool`; ChatML takes any) is a break
+    # too, not a crash
+    tool = [{"role": "tool", "content": "34"}]
+    refused = ObservationRenderer(tokenizer).continuation(messages, tool, tokenizer.eos_token_id)
+    assert (refused is None) == (tokenizer.eos_token == "<eos>")
 
 
 @pytest.mark.parametrize(("answer", "spec", "ended"), [
