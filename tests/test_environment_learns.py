@@ -88,7 +88,7 @@ def learned(ray_session, tmp_path_factory):
             f"data.train={files['sft']}", f"data.eval={files['heldout']}", "data.seq_len=16", "data.task=none",
             "train.steps=300", "train.batch_size=32", "optim.learning_rate=2e-3", "optim.schedule=constant",
             "train.checkpoint_every=300"]), "sft")
-        run_mode(sft, "sft")
+        before = run_mode(sft, "sft")["eval"]  # each stage ends with the held-out evaluation, as episodes
         before_dir = sft.run_dir / "hf_final"
         rl = prepare(_config(root / "rl", [
             f"model.path={before_dir}", f"data.train={files['rl']}", f"data.eval={files['heldout']}",
@@ -97,12 +97,10 @@ def learned(ray_session, tmp_path_factory):
             "rollout.prompts_per_batch=32", "rollout.max_staleness=1", "algo.dynamic_sampling=fill",
             "rollout.fleet_name=test-environment-learns"]), "rl")
         summary = run_mode(rl, "rl")
-        tokenizer = AutoTokenizer.from_pretrained(before_dir)
-        before = evaluate_dir(rl, tokenizer, before_dir, k=8)
-        after = evaluate_dir(rl, tokenizer, rl.run_dir / "hf_final", k=8)
+        after = summary["eval"]
         blind = dataclasses.replace(rl, config=_config(root / "blind", [
             "rewards.environment.kwargs={reveal_answer: false}"]))
-        after_blind = evaluate_dir(blind, tokenizer, rl.run_dir / "hf_final", k=8)
+        after_blind = evaluate_dir(blind, AutoTokenizer.from_pretrained(before_dir), rl.run_dir / "hf_final")
     finally:
         for handler in logging.getLogger().handlers[:]:  # prepare() logs each stage to its run dir
             if getattr(handler, "tandem_debug_log", False):
