@@ -68,16 +68,10 @@ def ray_head():
 # killed the real-shape test's engine (22.5 of 23.5 GiB in use). That group goes first, in this order:
 # it is about half of the suite's time.
 MEMORY_HEAVY = ("test_demo_rl_learns", "test_real_shape", "test_multihost", "test_bench_smoke")
-# Then the other worker's longest modules (clean-clone CI, 2026-12-03: 250, 230, 120, 110, 110 and 85 s),
-# so that it does not start one of them while the heavy worker is left with nothing to do: xdist hands
-# out the modules in this order, one whenever a worker is nearly done.
-LONG_FIRST = ("test_launch_ray_job", "test_environment_learns", "test_actors_fleet", "test_reliability_actors",
-              "test_reliability_driver", "test_reliability_learner")
-ORDER = MEMORY_HEAVY + LONG_FIRST
 
 
 def _rank(module: str) -> int:
-    return ORDER.index(module) if module in ORDER else len(ORDER)
+    return MEMORY_HEAVY.index(module) if module in MEMORY_HEAVY else len(MEMORY_HEAVY)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -23,6 +23,7 @@ from reliability_helpers import (
     stop_fleet,
     tiny_run,
 )
+from wire_helpers import wait_until
 
 pytestmark = pytest.mark.slow  # Ray and vLLM actors
 
@@ -37,6 +38,9 @@ def test_two_async_actors_leave_no_stale_group_and_train_within_eta_versions(ray
     loop = build_learner(run)
     address = loop.start()
     pool, fleet = start_fleet(run, address, num_actors=2)
+    # steady state is both actors at work: wait until both registered (on a loaded machine one engine may
+    # start tens of seconds after the other, and the first did all 30 steps alone; seen in CI)
+    wait_until(lambda: len(loop.service.actors_status()) == 2, 300.0, "both actors registered")
     metrics: dict[int, dict[str, float]] = {}
     log = StepLog(loop)
 
