@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 import ray
 
 from actors.engine import Sample, SamplingSpec
+from actors.groups import group_message
 from actors.learner_client import Prompt
 from actors.trajectory import ObservationRenderer, Trajectory
 from rewards.environments import Step
@@ -154,12 +155,11 @@ class EpisodeRunner:
     def _scored_group(self, group: _Group) -> pb.ScoredGroup:
         """The group on the wire: its trajectories as completions; its version is its oldest turn's."""
         versions = [turn.policy_version for t in group.trajectories for turn in t.turns]
-        return pb.ScoredGroup(
-            wire_version=pb.WIRE_VERSION_1, group_id=group.lease.group_id, actor_id=self.actor_id,
-            policy_version=min(versions), prompt_token_ids=list(group.lease.prompt_ids),
+        return group_message(
+            group_id=group.lease.group_id, actor_id=self.actor_id, policy_version=min(versions),
+            prompt_ids=group.lease.prompt_ids, metadata=group.lease.metadata,
             completions=[t.completion() for t in group.trajectories],
-            timings=pb.Timings(sample_seconds=group.sample_s, sampled_at=group.sampled_at),
-            metadata={str(k): str(v) for k, v in group.lease.metadata.items()})
+            timings=pb.Timings(sample_seconds=group.sample_s, sampled_at=group.sampled_at))
 
     # ------------------------------------------------------------------ internals
 
@@ -175,9 +175,6 @@ class EpisodeRunner:
 
     def _stepped(self, key: str, answer: Step | str, version: int, submit: Submit) -> None:
         trajectory = self._trajectory(key)
-        if not isinstance(answer, str):
-            self.counts.tool_calls += answer.tool_calls
-            self.counts.tool_errors += answer.tool_errors
         if trajectory.apply_step(answer, self.renderer, self.spec, self.max_model_len):
             self._submit(key, version, submit)
         else:
@@ -185,9 +182,9 @@ class EpisodeRunner:
 
     def _ended(self, key: str) -> None:
         """Count how `key`'s trajectory ended; an episode the environment did not end is closed there."""
-        why = self._trajectory(key).ended
-        self.counts.ended[why] += 1
-        if why not in ("done", "unscorable"):
+        trajectory = self._trajectory(key)
+        self.counts.ended[trajectory.ended] += 1
+        if trajectory.left_open:
             state = self._keys[key]
             self._groups[state.group_id].worker.close_episode.remote(key)
 
@@ -197,4 +194,6 @@ class EpisodeRunner:
             del self._keys[f"{group_id}/{index}"]
         group.sample_s = time.perf_counter() - group.started
         self.counts.trajectories += len(group.trajectories)
+        self.counts.tool_calls += sum(t.tool_calls for t in group.trajectories)
+        self.counts.tool_errors += sum(t.tool_errors for t in group.trajectories)
         return self._scored_group(group)

@@ -24,26 +24,28 @@ def completion_message(sample: Sample, score: ScoreResult) -> pb.Completion:
     return message
 
 
+def group_message(*, group_id: str, actor_id: str, policy_version: int, prompt_ids: Sequence[int],
+                  metadata: Mapping[str, str], **fields) -> pb.ScoredGroup:
+    """A wire group of one leased prompt; `fields` are the rest of ScoredGroup (completions, timings, ...)."""
+    return pb.ScoredGroup(
+        wire_version=pb.WIRE_VERSION_1, group_id=group_id, actor_id=actor_id, policy_version=policy_version,
+        prompt_token_ids=list(prompt_ids), metadata={str(k): str(v) for k, v in metadata.items()}, **fields)
+
+
 def scored_group(*, group_id: str, actor_id: str, policy_version: int, prompt_ids: Sequence[int],
                  samples: Sequence[Sample], scores: Sequence[ScoreResult], metadata: Mapping[str, str],
                  sample_seconds: float, score_seconds: float, sampled_at: float) -> pb.ScoredGroup:
     """The group of G completions sampled from one leased prompt with weight ``policy_version``."""
     if len(samples) != len(scores):
         raise ValueError(f"{len(samples)} samples but {len(scores)} scores for group {group_id}")
-    return pb.ScoredGroup(
-        wire_version=pb.WIRE_VERSION_1, group_id=group_id, actor_id=actor_id, policy_version=policy_version,
-        prompt_token_ids=list(prompt_ids),
+    return group_message(
+        group_id=group_id, actor_id=actor_id, policy_version=policy_version, prompt_ids=prompt_ids, metadata=metadata,
         completions=[completion_message(s, r) for s, r in zip(samples, scores, strict=True)],
-        timings=pb.Timings(sample_seconds=sample_seconds, score_seconds=score_seconds, sampled_at=sampled_at),
-        metadata={str(k): str(v) for k, v in metadata.items()},
-    )
+        timings=pb.Timings(sample_seconds=sample_seconds, score_seconds=score_seconds, sampled_at=sampled_at))
 
 
 def rejected_group(*, group_id: str, actor_id: str, policy_version: int, prompt_ids: Sequence[int],
                    metadata: Mapping[str, str], reason: str) -> pb.ScoredGroup:
     """A refusal (no completions) so the learner retires the prompt instead of leasing it again."""
-    return pb.ScoredGroup(
-        wire_version=pb.WIRE_VERSION_1, group_id=group_id, actor_id=actor_id, policy_version=policy_version,
-        prompt_token_ids=list(prompt_ids), metadata={str(k): str(v) for k, v in metadata.items()},
-        rejected_reason=reason,
-    )
+    return group_message(group_id=group_id, actor_id=actor_id, policy_version=policy_version, prompt_ids=prompt_ids,
+                         metadata=metadata, rejected_reason=reason)

@@ -92,6 +92,12 @@ class Trajectory:
         return self.prompt_ids + self.token_ids
 
     @property
+    def left_open(self) -> bool:
+        """Ended by tandem's limits while the environment still holds the episode (it is to be closed);
+        a done episode is forgotten by the environment, an unscorable one is gone with its failure."""
+        return bool(self.ended) and self.ended not in ("done", "unscorable")
+
+    @property
     def reward(self) -> float:
         return sum(turn.reward or 0.0 for turn in self.turns)
 

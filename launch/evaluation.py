@@ -78,7 +78,7 @@ class Episodes:
                 answer = trajectory.unscorable_reason or self.host.step(key, sample.text)
                 if not trajectory.apply_step(answer, self.renderer, self.spec, engine.max_model_len):
                     del playing[key]
-                    if trajectory.ended not in ("done", "unscorable"):
+                    if trajectory.left_open:
                         self.host.close(key)
         return [[trajectories[f"eval/{i}/{j}"] for j in range(n)] for i in range(len(examples))]
 
