@@ -38,6 +38,7 @@ import numpy as np
 from learner.algo.advantages import has_signal
 from learner.algo.rl_batch import RLBatch, assemble_rl_batch, bucket_for, pow2_buckets
 from learner.algo.train_step import SKIPPED, Trainer
+from learner.algo.turn_advantages import resolve_turn_advantage
 from learner.checkpoint import Checkpointer
 from learner.guard import JumpDetector
 from learner.metrics import MetricsWriter, StepCallback
@@ -86,6 +87,7 @@ class RLLoop:
         self.guard_events: list[dict[str, Any]] = []
         self.stopped_by_guard = ""
         self._detector = JumpDetector(config.train.guard)
+        self.advantage = resolve_turn_advantage(trainer.loss_config.advantage)
 
     def abort(self, reason: str) -> None:
         """Stop waiting for groups: ``run`` raises NoRolloutsError(reason) within seconds. Thread-safe
@@ -279,7 +281,7 @@ class RLLoop:
                 groups, pad_id=self.pad_id, current_version=self.version, length_buckets=self.buckets,
                 num_rows=self.config.train.prompts_per_step * self.config.group_size,
                 std_normalize=self.trainer.loss_config.std_normalize,
-                dynamic_sampling=self.trainer.loss_config.dynamic_sampling,
+                dynamic_sampling=self.trainer.loss_config.dynamic_sampling, advantage=self.advantage,
             )
         broadcast_s = 0.0
         if is_multiprocess():

@@ -52,6 +52,11 @@ class LossConfig:
     """groups whose rewards are all equal carry no signal: 'drop' removes them from the loss (and its
     denominators); 'fill' (DAPO) has the RL loop retire them and take more groups until the batch is
     full of groups with signal; 'count' keeps them and reports how many there were; 'off' keeps them"""
+    advantage: str = "trajectory"
+    """how a multi-turn trajectory's credit is spread over its turns: 'trajectory' (every turn gets the
+    trajectory's GRPO advantage), 'reward_to_go' (a turn gets the rewards from it on), 'per_turn_grpo'
+    (each turn's reward normalised against the same turn of the group's other trajectories; biased, see
+    learner.algo.turn_advantages) or 'package.module:function'; only 'trajectory' goes with GSPO"""
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -71,6 +76,10 @@ class LossConfig:
             raise ValueError(f"beta must be >= 0, got {self.beta}")
         if self.aggregation == "constant" and not (self.constant_normalizer and self.constant_normalizer > 0):
             raise ValueError("aggregation='constant' needs a positive constant_normalizer")
+        if self.advantage != "trajectory" and self.algorithm != "grpo":
+            raise ValueError(f"advantage={self.advantage!r} gives each turn its own advantage, but "
+                             f"{self.algorithm}'s sequence ratio takes one per sequence: use algorithm='grpo' "
+                             "or advantage='trajectory'")
         if self.tis_cap is not None and self.tis_cap <= 0.0:
             raise ValueError(f"tis_cap must be positive or None, got {self.tis_cap}")
 

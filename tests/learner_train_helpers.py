@@ -67,5 +67,6 @@ def random_rl_batch() -> RLBatch:
     attention = (np.arange(length)[None] < lengths[:, None]).astype(np.int32)
     completion = attention * (np.arange(length)[None] >= 8)
     behaviour = np.where(completion > 0, rng.uniform(-4, -2, (rows, length)), 0)
+    advantages = rng.normal(size=(rows, 1)) * completion  # one per completion, on its tokens
     return RLBatch(ids, attention, completion.astype(np.float32), behaviour.astype(np.float32),
-                   rng.normal(size=rows).astype(np.float32))
+                   advantages.astype(np.float32))

@@ -47,6 +47,14 @@ def test_bad_number_is_rejected():
         load_config(None, ["train.steps=0"])
 
 
+def test_an_advantage_rule_is_resolved_at_load():
+    with pytest.raises(ConfigError, match="unknown advantage 'per_turn'"):
+        load_config(None, ["algo.advantage=per_turn"])
+    with pytest.raises(ConfigError, match="sequence ratio takes one per sequence"):
+        load_config(None, ["algo.algorithm=gspo", "algo.advantage=reward_to_go"])
+    assert load_config(None, ["algo.advantage=reward_to_go"]).algo.advantage == "reward_to_go"
+
+
 def test_override_must_be_assignment():
     with pytest.raises(ConfigError, match="key=value"):
         load_config(None, ["train.steps"])

@@ -56,7 +56,7 @@ def test_assembly_layout_advantages_and_statistics():
     ]
     batch, stats = assemble_rl_batch(groups, pad_id=PAD, current_version=4, length_buckets=(8, 16),
                                      num_rows=10, dynamic_sampling="drop")
-    assert batch.input_ids.shape == (10, 8) and batch.advantages.shape == (10,)
+    assert batch.input_ids.shape == (10, 8) and batch.advantages.shape == (10, 8)
     # row 2: prompt then completion, right-padded; mask and behaviour logprobs on completion tokens only
     np.testing.assert_array_equal(batch.input_ids[2], [1, 3, 7, 9, 9, 9, 2, PAD])
     np.testing.assert_array_equal(batch.attention_mask[0], [1, 1, 1, 1, 1, 1, 0, 0])
@@ -65,8 +65,10 @@ def test_assembly_layout_advantages_and_statistics():
     # group a: scorable rewards [1, 0, 0] → baseline 1/3, std of [1,0,0]; the unscorable one is out
     scorable = np.array([1.0, 0.0, 0.0])
     expected = (scorable - scorable.mean()) / (scorable.std(ddof=1) + 1e-4)
-    np.testing.assert_allclose(batch.advantages[[0, 1, 3]], expected, rtol=1e-6)
-    assert batch.advantages[2] == 0 and batch.completion_mask[2].sum() == 0
+    np.testing.assert_allclose(batch.advantages[[0, 1, 3], 3], expected, rtol=1e-6)
+    # a completion's advantage is on each of its tokens, and nowhere else
+    np.testing.assert_allclose(batch.advantages[0], expected[0] * batch.completion_mask[0], rtol=1e-6)
+    assert (batch.advantages[2] == 0).all() and batch.completion_mask[2].sum() == 0
     # group b has equal rewards: zero signal, dropped from the loss; padding rows are empty
     assert (batch.advantages[4:] == 0).all() and batch.completion_mask[4:].sum() == 0
     assert (batch.input_ids[8:] == PAD).all() and batch.attention_mask[8:].sum() == 0
@@ -93,7 +95,8 @@ def test_multi_turn_rows_hold_every_turn_and_observation_with_the_observations_o
     advantage = 1 / np.sqrt(2)  # rewards [1, 0]: ±(0.5 / std) with the unbiased std √0.5
     np.testing.assert_allclose(batch.completion_mask[0], [0, 0, 1, 1, 0, 0, 0, 1])
     np.testing.assert_allclose(batch.behaviour_logps[0], [0, 0, -0.1, -0.2, 0, 0, 0, -0.3], rtol=1e-6)
-    np.testing.assert_allclose(batch.advantages[:2], [advantage, -advantage], rtol=1e-3)
+    np.testing.assert_allclose(batch.advantages[0], advantage * batch.completion_mask[0], rtol=1e-3)
+    np.testing.assert_allclose(batch.advantages[1], -advantage * batch.completion_mask[1], rtol=1e-3)
     assert stats["loss_tokens"] == 3 + 2
     assert (stats["turns_mean"], stats["turns_max"], stats["observation_tokens"]) == (1.5, 2.0, 3.0)
 
@@ -167,14 +170,34 @@ def test_grpo_steps_raise_the_likelihood_of_positive_advantage_completions(hf_di
     assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     assert first["clip_frac_low"] == 0 and first["clip_frac_high"] == 0
     assert first["kl"] == pytest.approx(0.0, abs=1e-6)
-    assert first["loss"] == pytest.approx(-(batch.advantages * tokens).sum() / tokens.sum(), abs=1e-5)
+    assert first["loss"] == pytest.approx(-(batch.advantages * batch.completion_mask).sum() / tokens.sum(),
+                                          abs=1e-5)
     for _ in range(4):
         last = trainer.rl_step(batch)
     after = _completion_logprob_sums(trainer, batch)
     delta = after - before
-    assert (delta[batch.advantages > 0] > 0.05).all(), delta
-    assert (delta[batch.advantages < 0] < 0).all(), delta
+    row_advantage = batch.advantages.sum(1)
+    assert (delta[row_advantage > 0] > 0.05).all(), delta
+    assert (delta[row_advantage < 0] < 0).all(), delta
     assert last["kl"] > 0 and stats["zero_signal_group_frac"] == 0
+
+
+def test_per_token_advantages_move_each_turn_its_own_way(hf_dir):
+    """A row's first half (turn 1) gets +1 and its second half (turn 2) −1: the steps raise the one and
+    lower the other within the same completion, so per-turn credit reaches the gradient."""
+    mesh = make_mesh(1, 1)
+    loaded = load_model(hf_dir, mesh=mesh)
+    batch, _ = _on_policy_batch(loaded.model, mesh)
+    positions = np.cumsum(batch.completion_mask, axis=1) * batch.completion_mask
+    first_half = (positions > 0) & (positions <= batch.completion_mask.sum(1, keepdims=True) / 2)
+    second_half = (positions > 0) & ~first_half
+    batch = batch._replace(advantages=(first_half.astype(np.float32) - second_half).astype(np.float32))
+    trainer = Trainer(loaded, mesh, OptimizerConfig(learning_rate=2e-3, max_grad_norm=None), loss=LossConfig())
+    before = _batch_logprobs(trainer.model, mesh, batch)
+    for _ in range(3):
+        trainer.rl_step(batch)
+    delta = _batch_logprobs(trainer.model, mesh, batch) - before
+    assert (delta * first_half[:, 1:]).sum() > 0.5 and (delta * second_half[:, 1:]).sum() < -0.5, delta
 
 
 def test_a_step_compiled_ahead_starts_without_compiling_and_updates_as_before(hf_dir):

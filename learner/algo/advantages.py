@@ -14,13 +14,19 @@ import numpy as np
 
 from learner.schema import DYNAMIC_SAMPLING
 
+STD_EPSILON = 1e-4  # ε of A = (R − mean) / (std + ε)
+
 
 @dataclasses.dataclass(frozen=True)
 class GroupAdvantages:
-    """Per-completion advantages [N, G], loss weights [N, G] (0 = leave out of the loss) and counts."""
+    """Per-completion advantages [N, G], loss weights [N, G] (0 = leave out of the loss), each group's
+    baseline b and scale s [N] (A = (R − b) / s where the group has signal) and counts."""
 
     advantages: np.ndarray
     weights: np.ndarray
+    baselines: np.ndarray
+    scales: np.ndarray
+    zero_signal: np.ndarray  # [N] bool
     num_scorable: int
     num_unscorable: int
     num_zero_signal_groups: int
@@ -31,7 +37,7 @@ def group_advantages(
     scorable: np.ndarray | None = None,
     *,
     std_normalize: bool = True,
-    epsilon: float = 1e-4,
+    epsilon: float = STD_EPSILON,
     dynamic_sampling: str = "off",
 ) -> GroupAdvantages:
     """A_ij = (R_ij − mean_j R_ij) / (std_j R_ij + ε)  over the scorable completions j of group i.
@@ -69,10 +75,10 @@ def group_advantages(
     highest = np.where(valid, r, -np.inf).max(1, keepdims=True)
     spread = highest - np.where(valid, r, np.inf).min(1, keepdims=True)
     zero_signal = (count < 2) | ~(spread > 0)
+    scale = np.ones_like(mean)
     if std_normalize:
-        std = np.sqrt((centred**2).sum(axis=1, keepdims=True) / np.maximum(count - 1, 1))
-        centred = centred / (std + epsilon)
-    advantages = np.where(zero_signal, 0.0, centred)
+        scale = np.sqrt((centred**2).sum(axis=1, keepdims=True) / np.maximum(count - 1, 1)) + epsilon
+    advantages = np.where(zero_signal, 0.0, centred / scale)
 
     weights = valid.copy()
     if dynamic_sampling in ("drop", "fill"):
@@ -80,6 +86,9 @@ def group_advantages(
     return GroupAdvantages(
         advantages=advantages.astype(np.float32),
         weights=weights.astype(np.float32),
+        baselines=mean[:, 0],
+        scales=scale[:, 0],
+        zero_signal=zero_signal[:, 0],
         num_scorable=int(valid.sum()),
         num_unscorable=int((~valid).sum()),
         num_zero_signal_groups=int(zero_signal.sum()),

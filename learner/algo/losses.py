@@ -7,7 +7,8 @@ Notation (all per token t of completion i, masked by m_it ∈ {0, 1}):
     logp_it   log π_θ(y_it | ·)             current policy (carries the gradient)
     old_it    log π_old(y_it | ·)            behaviour policy: what the actors sampled with
     ref_it    log π_ref(y_it | ·)            frozen reference (only needed when β > 0)
-    A_i       sequence advantage (learner.algo.advantages)
+    A_it      advantage of the turn that sampled token t (learner.algo.advantages, .turn_advantages);
+              a single-turn completion's A_i on every token
 
 Micro-batching: every loss is a *sum* over its tokens divided by normalisers of the **global**
 batch (`Normalizer`, computed once from the whole batch's mask by `normalizer_for`). Hence the sum
@@ -90,10 +91,10 @@ def log_ratio(algorithm: str, logps: jax.Array, old_logps: jax.Array, mask: jax.
 def clipped_surrogate(
     log_r: jax.Array, advantages: jax.Array, epsilon_low: float, epsilon_high: float
 ) -> jax.Array:
-    """PPO clipped surrogate as a loss: −min(r · A, clip(r, 1 − ε_low, 1 + ε_high) · A), per token."""
+    """PPO clipped surrogate as a loss: −min(r · A, clip(r, 1 − ε_low, 1 + ε_high) · A), per token
+    (advantages [B, T])."""
     ratio = jnp.exp(log_r)
-    adv = advantages[:, None]
-    return -jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high) * adv)
+    return -jnp.minimum(ratio * advantages, jnp.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high) * advantages)
 
 
 def aggregate(
@@ -138,7 +139,7 @@ def policy_loss(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """RL loss of one (micro-)batch and its metrics.
 
-        ℓ_it = w_it · −min(ρ_it A_i, clip(ρ_it, 1 − ε_low, 1 + ε_high) A_i) + β · k3(logp_it, ref_it)
+        ℓ_it = w_it · −min(ρ_it A_it, clip(ρ_it, 1 − ε_low, 1 + ε_high) A_it) + β · k3(logp_it, ref_it)
         loss = aggregate(ℓ, m)        (see `aggregate`; ρ from `log_ratio`)
 
     Without TIS (tis_cap None): ρ = π_θ / π_behaviour and w = 1.
@@ -148,7 +149,9 @@ def policy_loss(
     policy term, not the KL term.
 
     Args: logps, behaviour_logps, mask (and ref_logps, learner_old_logps, entropy): [B, T];
-      advantages: [B]; norm: `normalizer_for(global_batch_mask)`.
+      advantages: [B] (one per sequence) or [B, T] (per token: multi-turn credit; GSPO's sequence ratio
+      needs one advantage per sequence, so its config refuses a per-turn rule); norm:
+      `normalizer_for(global_batch_mask)`.
     Returns: (loss, metrics); metrics are global-batch normalised too, so they sum over micro-batches:
       policy_loss, kl, clip_frac_low, clip_frac_high, ratio_mean, tis_weight_mean, entropy, and
       behaviour_gap = token-mean |logp − behaviour|: before the update, the training–inference
@@ -156,8 +159,10 @@ def policy_loss(
     """
     mask = jnp.asarray(mask, logps.dtype)
     advantages = jnp.asarray(advantages, logps.dtype)
-    if advantages.shape != logps.shape[:1]:
-        raise ValueError(f"advantages must be [B]={logps.shape[:1]}, got {advantages.shape}")
+    if advantages.shape == logps.shape[:1]:
+        advantages = jnp.broadcast_to(advantages[:, None], logps.shape)
+    if advantages.shape != logps.shape:
+        raise ValueError(f"advantages must be [B]={logps.shape[:1]} or [B, T]={logps.shape}, got {advantages.shape}")
     if config.tis_cap is None:
         old_logps, weights = behaviour_logps, jnp.ones_like(logps)
     else:
@@ -183,7 +188,7 @@ def policy_loss(
         loss, kl_metric = agg(pg), zero
 
     ratio = jnp.exp(jax.lax.stop_gradient(log_r))
-    adv = advantages[:, None]
+    adv = advantages  # [B, T]
     metrics = {
         "policy_loss": jax.lax.stop_gradient(agg(pg)),
         "kl": kl_metric,

@@ -4,9 +4,11 @@ One row per completion: prompt tokens then completion tokens, right-padded to a 
 (the smallest of `length_buckets` that fits), rows padded to `num_rows`, so the jitted step sees
 few distinct shapes and does not recompile every step. A multi-turn completion's observation tokens
 (an environment's answers between the turns the policy sampled) are in the row but out of the loss
-(its `loss_mask`). Advantages come from
+(its `loss_mask`). Advantages are per token: the group's statistics come from
 `learner.algo.advantages.group_advantages` (unscorable completions: advantage 0, weight 0; DAPO dynamic
-sampling: zero-signal groups weight 0 when 'drop'); a completion's weight multiplies its loss mask.
+sampling: zero-signal groups weight 0 when 'drop'), and the advantage rule
+(`learner.algo.turn_advantages`, default: the trajectory's advantage on every turn) gives each turn of
+a completion its advantage; a completion's weight multiplies its loss mask.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from learner.algo.advantages import group_advantages
+from learner.algo.advantages import STD_EPSILON, GroupAdvantages, group_advantages
+from learner.algo.turn_advantages import GroupTurnRewards, TurnAdvantageFn, trajectory, turn_advantages
 from rewards.types import PASS_THRESHOLD
 
 
@@ -45,14 +48,15 @@ class RLBatch(NamedTuple):
 
     completion_mask is 1 on sampled completion tokens of rows that enter the loss (0 on prompt,
     observation and padding tokens, and on unscorable and dropped rows); behaviour_logps[b, t] =
-    log π_behaviour(token t) on completion tokens, 0 elsewhere; advantages is [B].
+    log π_behaviour(token t) on completion tokens, 0 elsewhere; advantages[b, t] = the advantage of the
+    turn that sampled token t (single-turn: the completion's), 0 on prompt, observation and padding.
     """
 
     input_ids: np.ndarray  # int32
     attention_mask: np.ndarray  # int32
     completion_mask: np.ndarray  # float32
     behaviour_logps: np.ndarray  # float32
-    advantages: np.ndarray  # float32 [B]
+    advantages: np.ndarray  # float32
 
 
 def empty_rl_batch(rows: int, length: int) -> RLBatch:
@@ -60,7 +64,7 @@ def empty_rl_batch(rows: int, length: int) -> RLBatch:
     def grid(dtype: type) -> np.ndarray:
         return np.zeros((rows, length), dtype)
 
-    return RLBatch(grid(np.int32), grid(np.int32), grid(np.float32), grid(np.float32), np.zeros((rows,), np.float32))
+    return RLBatch(grid(np.int32), grid(np.int32), grid(np.float32), grid(np.float32), grid(np.float32))
 
 
 def bucket_for(length: int, buckets: Sequence[int]) -> int:
@@ -94,6 +98,26 @@ def _turn_stats(completions: Sequence[CompletionLike]) -> dict[str, float]:
             "observation_tokens": float(observed)}
 
 
+def _turn_lengths(completion: CompletionLike) -> list[int]:
+    """Tokens of each turn, its observation's included (one turn: all of them)."""
+    return [t.sampled_tokens + t.observation_tokens for t in completion.turns] or [len(completion.token_ids)]
+
+
+def _group_turn_advantages(group: GroupLike, index: int, adv: GroupAdvantages, advantage: TurnAdvantageFn,
+                           std_normalize: bool) -> dict[int, np.ndarray]:
+    """Completion j of the group → its turns' advantages, for the scorable completions of a group with
+    signal (every other completion's advantage is 0)."""
+    if adv.zero_signal[index]:
+        return {}
+    scorable = [j for j, c in enumerate(group.completions) if c.reward is not None]
+    rewards = GroupTurnRewards(
+        turn_rewards=tuple(np.array([t.reward or 0.0 for t in group.completions[j].turns]
+                                    or [group.completions[j].reward], np.float64) for j in scorable),
+        baseline=float(adv.baselines[index]), scale=float(adv.scales[index]), epsilon=STD_EPSILON,
+        std_normalize=std_normalize)
+    return dict(zip(scorable, turn_advantages(advantage, rewards), strict=True))
+
+
 def assemble_rl_batch(
     groups: Sequence[GroupLike],
     *,
@@ -103,13 +127,15 @@ def assemble_rl_batch(
     num_rows: int | None = None,
     std_normalize: bool = True,
     dynamic_sampling: str = "off",
+    advantage: TurnAdvantageFn = trajectory,
 ) -> tuple[RLBatch, dict[str, float]]:
     """Pad `groups` into an `RLBatch` and return it with host-side batch statistics.
 
     Statistics: reward mean/std over scorable completions, fraction of zero-signal groups, count of
     unscorable completions, staleness (current_version − policy_version) mean/max over groups and its
     histogram (``staleness_groups/k``: groups k versions behind), the number of loss tokens, and with
-    multi-turn completions their turns (mean, max) and observation tokens.
+    multi-turn completions their turns (mean, max) and observation tokens. `advantage` spreads each
+    group's rewards over its completions' turns (`learner.algo.turn_advantages`).
     """
     if not groups:
         raise ValueError("no groups to assemble")
@@ -137,10 +163,11 @@ def assemble_rl_batch(
     attention_mask = np.zeros((num_rows, length), np.int32)
     completion_mask = np.zeros((num_rows, length), np.float32)
     behaviour = np.zeros((num_rows, length), np.float32)
-    advantages = np.zeros((num_rows,), np.float32)
+    advantages = np.zeros((num_rows, length), np.float32)
     row = 0
     for i, group in enumerate(groups):
         prompt = np.asarray(group.prompt_ids, np.int32)
+        per_turn = _group_turn_advantages(group, i, adv, advantage, std_normalize)
         for j, completion in enumerate(group.completions):
             start, end = len(prompt), len(prompt) + len(completion.token_ids)
             input_ids[row, :start] = prompt
@@ -148,7 +175,8 @@ def assemble_rl_batch(
             attention_mask[row, :end] = 1
             completion_mask[row, start:end] = adv.weights[i, j] * completion.loss_mask
             behaviour[row, start:end] = completion.logprobs
-            advantages[row] = adv.advantages[i, j]
+            if j in per_turn:
+                advantages[row, start:end] = np.repeat(per_turn[j], _turn_lengths(completion)) * completion.loss_mask
             row += 1
 
     scorable = rewards[~np.isnan(rewards)]

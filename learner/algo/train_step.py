@@ -125,7 +125,7 @@ class Trainer:
 
     def rl_step(self, batch: RLBatch) -> dict[str, float]:
         """One update on an assembled RL batch; merge in assemble_rl_batch's statistics for logging."""
-        if self.skip_no_signal and not (batch.advantages * batch.completion_mask.any(axis=1)).any():
+        if self.skip_no_signal and not (batch.advantages * batch.completion_mask).any():
             return dict(SKIPPED)
         return self._run("rl", batch._asdict(), batch.completion_mask)
 
@@ -225,7 +225,7 @@ class Trainer:
         ref = None
         if reference is not None:
             ref = jax.lax.stop_gradient(logprobs(reference)[0])
-        return policy_loss(logps, mb["behaviour_logps"][:, 1:], mb["advantages"],
+        return policy_loss(logps, mb["behaviour_logps"][:, 1:], mb["advantages"][:, 1:],
                            mb["completion_mask"][:, 1:], self.loss_config, norm,
                            ref_logps=ref, entropy=entropy)
 
