@@ -12,7 +12,8 @@ reward of each step.
 
 Stop conditions (``Trajectory.apply_step``): the environment says done; ``max_turns``; more tool errors
 than ``max_tool_errors``; ``max_total_tokens`` after the prompt; the engine's context; a chat template
-that cannot extend the conversation (``template_break``). An environment that fails (raises, hangs,
+that refuses the observation (``template_refused``). A template that cannot extend the tokens so far
+starts a new training sample instead (``samples_split``). An environment that fails (raises, hangs,
 crashes, returns a bad Step) ends its trajectory unscorable.
 """
 
@@ -62,6 +63,7 @@ class EpisodeCounts:
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
+    samples_split: int = 0  # new training samples started where the chat template broke the token prefix
     ended: dict[str, int] = field(default_factory=collections.Counter)  # why: done, max_turns, ...
 
 
@@ -196,4 +198,5 @@ class EpisodeRunner:
         self.counts.trajectories += len(group.trajectories)
         self.counts.tool_calls += sum(t.tool_calls for t in group.trajectories)
         self.counts.tool_errors += sum(t.tool_errors for t in group.trajectories)
+        self.counts.samples_split += sum(t.splits for t in group.trajectories)
         return self._scored_group(group)

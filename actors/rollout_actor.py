@@ -157,9 +157,11 @@ class RolloutActor:
                                      max_tokens=config.max_tokens, stop=list(config.stop),
                                      stop_token_ids=list(config.stop_token_ids))
         # multi-turn (an environment): the groups are episodes, sampled turn by turn (actors/episodes.py)
-        self.episodes = None if config.environment is None else EpisodeRunner(
-            actor_id, reward_handles, ObservationRenderer(self.engine.llm.get_tokenizer()), config.environment,
-            self.sampling, self.engine.max_model_len)
+        self.episodes = None
+        if config.environment is not None:
+            renderer = ObservationRenderer(self.engine.llm.get_tokenizer(), config.environment.tools)
+            self.episodes = EpisodeRunner(actor_id, reward_handles, renderer, config.environment, self.sampling,
+                                          self.engine.max_model_len)
         self.counters = ActorCounters()
         # A fresh vLLM engine's first step carries one-time setup (2.2 s against 0.3 s for the next ones
         # on the test model, on this CPU): taken here, not in the first lease, whose groups would reach
@@ -258,7 +260,8 @@ class RolloutActor:
             return {}
         counts = self.episodes.counts
         return {"trajectories": counts.trajectories, "turns": counts.turns, "tool_calls": counts.tool_calls,
-                "tool_errors": counts.tool_errors, **{f"ended/{why}": n for why, n in counts.ended.items()}}
+                "tool_errors": counts.tool_errors, "samples_split": counts.samples_split,
+                **{f"ended/{why}": n for why, n in counts.ended.items()}}
 
     def stop(self, timeout_s: float = 60.0) -> ActorStats:
         """Stop looping after the current generation and close the connection; returns ``stats()``.

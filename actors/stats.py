@@ -58,8 +58,9 @@ class ActorStats:
     relay_bytes_served: int
     """weight bytes its relay forwarded to other actors"""
     episodes: dict[str, int] = field(default_factory=dict)
-    """multi-turn (an environment): trajectories, turns, tool_calls, tool_errors, and ended/<why> for each
-    way a trajectory ended (done, max_turns, tool_errors, max_tokens, context, template_break, unscorable);
+    """multi-turn (an environment): trajectories, turns, tool_calls, tool_errors, samples_split (new training
+    samples where the chat template could not extend the tokens), and ended/<why> for each way a
+    trajectory ended (done, max_turns, tool_errors, max_tokens, context, template_refused, unscorable);
     {} without"""
 
 

@@ -48,6 +48,7 @@ from learner.schema import (
     TrainConfig,
 )
 from rewards.spec import RewardSpec, WeightedReward
+from rewards.tools import template_tools
 
 
 class TinyModelConfig(Section):
@@ -133,7 +134,17 @@ class RewardsConfig(RewardSpec):
     num_workers: int = Field(1, ge=1, description="isolated reward worker processes (Ray actors)")
 
     def spec(self) -> RewardSpec:
-        return RewardSpec(**self.model_dump(include=set(RewardSpec.model_fields)))
+        """The workers' spec; an environment's tool schemas resolved (its module imported) for every role."""
+        spec = RewardSpec(**self.model_dump(include=set(RewardSpec.model_fields)))
+        if spec.environment is None or spec.environment.tools is not None:
+            return spec
+        environment = spec.environment.model_copy(update={"tools": template_tools(spec) or []})
+        return spec.model_copy(update={"environment": environment})
+
+    def template_tools(self) -> list[dict] | None:
+        """The tool schemas every chat template of the run gets (`tools=`); None without tools."""
+        environment = self.spec().environment
+        return (environment.tools or None) if environment is not None else None
 
 
 class TandemConfig(Section):
@@ -200,7 +211,7 @@ class TandemConfig(Section):
         engine = self.rollout.model_dump(include=set(EngineSettings.model_fields))
         return ActorConfig(**engine, hf_dir=str(model_dir), dtype=self.model.dtype, seed=self.seed,
                            auth_token=self.server.auth_token, tls_ca_path=self.server.tls_ca_path,
-                           environment=self.rewards.environment)
+                           environment=self.rewards.spec().environment)
 
     def eval_settings(self) -> dict[str, Any]:
         """Keyword arguments of launch.evaluation.Evaluator (besides the model, examples and scorer)."""

@@ -164,15 +164,16 @@ def make_evaluator(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None
     data = data or run.eval_data
     if data is None:
         return None
+    tools = config.rewards.template_tools()
     rows = chat_prompt_rows(data, tokenizer, config.data, limit=config.data.eval_examples,
-                            prompt_format=prompt_format)
+                            prompt_format=prompt_format, tools=tools)
     examples = [Prompt(r.prompt_ids, r.text, r.metadata) for r in rows]  # the learner's → the engine's
     settings = config.eval_settings()
     if k is not None:
         settings["k"] = k
     spec = config.rewards.spec()
     episodes = None if spec.environment is None else Episodes(IsolatedEnvironment(spec), spec.environment,
-                                                              ObservationRenderer(tokenizer))
+                                                              ObservationRenderer(tokenizer, tools))
     return Evaluator(hf_dir, examples, IsolatedScorer(spec), **settings, episodes=episodes)
 
 

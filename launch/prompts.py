@@ -8,10 +8,12 @@ from learner.service.prompt_source import Prompt
 
 
 def chat_prompt_rows(path: str, tokenizer, data: DataConfig | None = None, *, split: str = "train",
-                     limit: int | None = None, prompt_format: str = "chat") -> list[Prompt]:
+                     limit: int | None = None, prompt_format: str = "chat",
+                     tools: list[dict] | None = None) -> list[Prompt]:
     """RL/eval rows → Prompts (the learner's), with the columns and template of the run's `data`
     section (default: its defaults). 'chat': prompt_ids is the chat template of [system_prompt?,
-    user(prompt_template(prompt column))] with the generation prompt, and text that user message;
+    user(prompt_template(prompt column))] with the generation prompt (and `tools`, the environment's tool
+    schemas, given to the template), and text that user message;
     'raw': the prompt column as a pretraining document begins (bos + text), no template or system.
     metadata: every other column as a string, and `answer` the answer column's (whatever its name)."""
     data = data or DataConfig()
@@ -32,7 +34,7 @@ def chat_prompt_rows(path: str, tokenizer, data: DataConfig | None = None, *, sp
             messages = data.prompt_messages(prompt)
             text = messages[-1]["content"]
             try:
-                ids = chat_template_ids(tokenizer, messages, add_generation_prompt=True)
+                ids = chat_template_ids(tokenizer, messages, add_generation_prompt=True, tools=tools)
             except ValueError as error:
                 raise ConfigError(f"{path}: {error}") from None
         metadata = {k: str(v) for k, v in row.items() if k != data.prompt_field}

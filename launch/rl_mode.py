@@ -53,7 +53,8 @@ def build_rl_learner(run: Run, tokenizer, writer: MetricsWriter | None = None,
     trainer = build_trainer(run, temperature=config.rollout.temperature)
     service, first_len = None, None
     if is_leader():
-        rows = chat_prompt_rows(run.train_data, tokenizer, config.data, split=config.data.split)
+        rows = chat_prompt_rows(run.train_data, tokenizer, config.data, split=config.data.split,
+                                tools=config.rewards.template_tools())
         service = LearnerService(PromptSource(rows, epochs=None, seed=config.seed), config.service_config(
             vocab_size=int(trainer.loaded.hf_config["vocab_size"])), enrollment_key=enrollment_key)
         # the longest prompt completed to max_tokens (an episode: to its token budget): what a batch holding

@@ -89,11 +89,13 @@ def load_rows(source: str | list[str], split: str = "train") -> datasets.Dataset
     return datasets.load_dataset(files[0], split=split)
 
 
-def chat_template_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
-    """The tokenizer's chat template of ``messages``; a template that refuses them (a system prompt
-    given to a template without a system role) fails naming the roles."""
+def chat_template_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = False,
+                      tools: list[dict] | None = None) -> list[int]:
+    """The tokenizer's chat template of ``messages`` (and of `tools`' schemas, for a template that renders
+    them); a template that refuses them (a system prompt given to a template without a system role)
+    fails naming the roles."""
     try:
-        ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False,
+        ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False, tools=tools,
                                             add_generation_prompt=add_generation_prompt)
     except jinja2.TemplateError as error:
         roles = [m.get("role") for m in messages]

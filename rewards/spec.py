@@ -34,6 +34,10 @@ class EnvironmentSpec(pydantic.BaseModel):
     max_tool_errors: int | None = pydantic.Field(None, ge=0, description="end an episode once its tool errors "
                                                                          "exceed this (0: at the first); None: "
                                                                          "no limit")
+    tools: list[dict] | None = pydantic.Field(
+        None, description="tool schemas given to the chat template's tools= wherever a conversation is rendered "
+                          "(the learner's prompts, the actors' turns, evaluation); None: the environment's own "
+                          "(a ToolEnvironment's `tools`), []: none")
 
 
 class RewardSpec(pydantic.BaseModel):

@@ -14,6 +14,7 @@ and call format are a few lines, and the environment child should stay free of h
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import re
@@ -22,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rewards.environments import Environment, Step
+from rewards.environments import Environment, Step, resolve_environment
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -83,15 +84,31 @@ def _is_json_type(value: Any, expected: type) -> bool:
     return isinstance(value, (int, float)) if expected is float else isinstance(value, expected)
 
 
+def template_tools(spec) -> list[dict[str, Any]] | None:
+    """The tool schemas a run's chat template gets (`tools=`) for a `rewards.spec.RewardSpec`: its
+    environment's `tools` setting, else a ToolEnvironment's own tools; None without tools. Imports the
+    environment's module (after the spec's `imports`)."""
+    environment = spec.environment
+    if environment is None:
+        return None
+    if environment.tools is not None:
+        return list(environment.tools) or None
+    for module_name in spec.imports:
+        importlib.import_module(module_name)
+    cls = resolve_environment(environment.ref)
+    return (cls.schemas() if issubclass(cls, ToolEnvironment) else None) or None
+
+
 class ToolEnvironment(Environment):
     """An environment whose model may call ``tools`` before it answers; subclasses set ``tools`` and
     implement ``answer(reply) -> Step`` for a reply with no tool call."""
 
     tools: Sequence[Callable] = ()
 
-    def schemas(self) -> list[dict[str, Any]]:
-        """The tools' schemas (for a system prompt, or a chat template's ``tools=``)."""
-        return [tool_schema(fn) for fn in self.tools]
+    @classmethod
+    def schemas(cls) -> list[dict[str, Any]]:
+        """The tools' schemas (what a chat template's ``tools=`` takes)."""
+        return [tool_schema(fn) for fn in cls.tools]
 
     def answer(self, reply: str) -> Step:
         raise NotImplementedError(f"{type(self).__name__}.answer")

@@ -54,16 +54,18 @@ DTYPE_BFLOAT16: DType
 DTYPE_FLOAT16: DType
 
 class Turn(_message.Message):
-    __slots__ = ("sampled_tokens", "observation_tokens", "policy_version", "reward")
+    __slots__ = ("sampled_tokens", "observation_tokens", "policy_version", "reward", "context_token_ids")
     SAMPLED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     sampled_tokens: int
     observation_tokens: int
     policy_version: int
     reward: float
-    def __init__(self, sampled_tokens: _Optional[int] = ..., observation_tokens: _Optional[int] = ..., policy_version: _Optional[int] = ..., reward: _Optional[float] = ...) -> None: ...
+    context_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, sampled_tokens: _Optional[int] = ..., observation_tokens: _Optional[int] = ..., policy_version: _Optional[int] = ..., reward: _Optional[float] = ..., context_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Completion(_message.Message):
     __slots__ = ("token_ids", "logprobs", "finish_reason", "reward", "unscorable_reason", "text", "turns")

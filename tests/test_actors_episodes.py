@@ -11,6 +11,7 @@ the reason, and the group still arrives."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -29,9 +30,10 @@ from config_helpers import actor_config, service_config
 from transformers import AutoTokenizer
 
 from actors.rollout_actor import RolloutActor
+from learner.algo.rl_batch import assemble_rl_batch
 from learner.service.prompt_source import Prompt, PromptSource
 from learner.service.server import LearnerService
-from models.tokenizer import vocab_size_for
+from models.tokenizer import ASST_ID, USER_ID, vocab_size_for
 from rewards.pool import RewardPool, RewardSpec, WeightedReward
 from rewards.spec import EnvironmentSpec
 
@@ -60,9 +62,31 @@ class RetryOrRaise(AnswerRetry):
 '''
 
 
-@pytest.fixture
-def rig(ray_session, tmp_path):
+# The character template, except that it drops the assistant turns before the last user message (as
+# reasoning templates drop earlier thoughts): a conversation's rendering is then no prefix of the next's.
+REWRITING_TEMPLATE = (
+    "{{ '<bos>' }}{% set ns = namespace(last_user=-1) %}"
+    "{% for message in messages %}{% if message['role'] == 'user' %}{% set ns.last_user = loop.index0 %}"
+    "{% endif %}{% endfor %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'user' %}{{ '<user>' + message['content'] }}"
+    "{% elif loop.index0 > ns.last_user %}{{ '<asst>' + message['content'] + '<eos>' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<asst>' }}{% endif %}"
+)
+
+
+def _use_template(hf_dir: Path, template: str) -> None:
+    path = hf_dir / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps({**config, "chat_template": template}))
+
+
+@pytest.fixture(params=["plain"])
+def rig(request, ray_session, tmp_path):
     base = make_base_model(tmp_path / "base")
+    if request.param == "rewriting":
+        _use_template(base, REWRITING_TEMPLATE)
     sharp = write_weights_dir(base, tmp_path / "sharp", random_weights(load_tensors(base), seed=1))
     (tmp_path / "user_episodes.py").write_text(textwrap.dedent(USER_MODULE))
     environment = EnvironmentSpec(ref="user_episodes:RetryOrRaise", max_turns=MAX_TURNS, max_total_tokens=40)
@@ -154,6 +178,42 @@ def test_episodes_carry_exact_tokens_per_turn_versions_and_rewards_and_a_failing
     assert counts["trajectories"] == 3 * G and counts["turns"] == turns
     assert counts["ended/unscorable"] == G
     assert sum(n for key, n in counts.items() if key.startswith("ended/")) == 3 * G
+
+
+@pytest.mark.parametrize("rig", ["rewriting"], indirect=True)
+def test_a_template_that_rewrites_earlier_turns_splits_trajectories_into_the_samples_the_engine_saw(rig):
+    """Each retry is sampled from the conversation rendered afresh (the earlier replies dropped); the
+    learner accepts the split trajectories, and each sample's behaviour logprobs are transformers' given
+    that sample's own prompt, so the rows it assembles are what the engine sampled from."""
+    actor, service, dirs = rig
+    tokenizer = AutoTokenizer.from_pretrained(dirs[0])
+    _, *retried = _sample_episodes(actor, service, dirs, load_after_turns=G)
+    models = {version: hf_model(path) for version, path in dirs.items()}
+    no = tokenizer.encode("no", add_special_tokens=False)
+    splits = 0
+    for record in retried:
+        for completion in record.completions:
+            for k, turn in enumerate(completion.turns):
+                assert turn.observation_tokens == 0  # every observation is in a new sample's context
+                # turn k's context: the question and k "no"s; the replies before it are dropped
+                expected = [] if k == 0 else list(record.prompt_ids[:-1]) + ([USER_ID, *no] * k) + [ASST_ID]
+                assert turn.context_ids == expected
+                splits += k > 0
+            for prompt, start, end in completion.samples(list(record.prompt_ids)):
+                position = 0
+                for turn in completion.turns:
+                    if start <= position < end:
+                        sampled = completion.token_ids[position:position + turn.sampled_tokens]
+                        before = completion.token_ids[start:position]
+                        expected = sampled_token_logprobs(models[turn.policy_version], prompt + before, sampled,
+                                                          TEMPERATURE)
+                        np.testing.assert_allclose(completion.logprobs[position:position + len(sampled)], expected,
+                                                   atol=1e-3)
+                    position += turn.sampled_tokens
+    assert splits > 0 and actor.stats().episodes["samples_split"] == splits
+    batch, stats = assemble_rl_batch(retried, pad_id=0, current_version=1, length_buckets=(64,), num_rows=2 * G)
+    assert stats["split_samples"] == splits
+    assert batch.attention_mask.any(1).sum() == 2 * G + splits  # a row per sample
 
 
 def test_held_out_evaluation_plays_whole_greedy_episodes_the_model_would_play(tmp_path):

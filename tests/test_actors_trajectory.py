@@ -1,8 +1,12 @@
 """Token-in, token-out trajectories: the observation's ids continue the context exactly as the chat
 template renders the whole conversation, sampled tokens are never re-tokenized, a template that rewrites
-earlier turns is refused rather than papered over, and the wire message tiles the tokens by turn."""
+earlier turns starts a new training sample rather than papering over it, and the wire message tiles the
+tokens by turn."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
@@ -77,15 +81,60 @@ class _RewritingTemplate:
         return getattr(self.inner, name)
 
 
-def test_a_template_that_rewrites_earlier_turns_is_a_break_not_a_fabrication(tokenizer):
-    renderer = ObservationRenderer(_RewritingTemplate(tokenizer))
-    messages = [{"role": "user", "content": "46-12"}, {"role": "assistant", "content": "58"}]
-    assert renderer.continuation(messages, [{"role": "user", "content": "no"}], tokenizer.eos_token_id) is None
-    # a role the template refuses (the character tokenizer's has no `tool`; ChatML takes any) is a break
-    # too, not a crash
-    tool = [{"role": "tool", "content": "34"}]
-    refused = ObservationRenderer(tokenizer).continuation(messages, tool, tokenizer.eos_token_id)
-    assert (refused is None) == (tokenizer.eos_token == "<eos>")
+def test_a_template_that_rewrites_earlier_turns_starts_a_new_sample_from_the_conversation_rendered_afresh(tokenizer):
+    rewriting = _RewritingTemplate(tokenizer)
+    renderer = ObservationRenderer(rewriting)
+    user = [{"role": "user", "content": "46-12"}]
+    prompt = chat_template_ids(tokenizer, user, add_generation_prompt=True)
+    trajectory = Trajectory(list(prompt), [dict(m) for m in user])
+    trajectory.add_turn(_sampled(tokenizer, "58"), version=3)
+    feedback = [{"role": "user", "content": "no"}]
+    assert renderer.continuation(trajectory.messages, feedback, trajectory.token_ids[-1]) is None
+    spec = EnvironmentSpec(ref="answer_retry", max_turns=4, max_total_tokens=64)
+    assert trajectory.apply_step(Step(observation=feedback), renderer, spec, max_model_len=128)
+    # the next turn's prompt is the conversation as the template renders it now (the first reply dropped)
+    fresh = chat_template_ids(rewriting, [*user, {"role": "assistant", "content": "58"}, *feedback],
+                              add_generation_prompt=True)
+    assert trajectory.context == fresh and trajectory.splits == 1
+    assert trajectory.turn_budget(64, spec, 128) == min(64 - len(trajectory.token_ids), 128 - len(fresh),
+                                                        len(prompt) + 64 - len(fresh))
+    trajectory.add_turn(_sampled(tokenizer, "34"), version=4)
+    trajectory.turns[-1].reward = 1.0
+    whole = chat_template_ids(rewriting, [*user, {"role": "assistant", "content": "58"}, *feedback,
+                                          {"role": "assistant", "content": "34"}])
+    assert trajectory.context == whole[:len(trajectory.context)]  # the sample is what the template renders
+
+    message = pb.ScoredGroup(wire_version=pb.WIRE_VERSION_1, group_id="g", actor_id="a", policy_version=3,
+                             prompt_token_ids=prompt, completions=[trajectory.completion()])
+    limits = GroupLimits(latest_version=4, vocab_size=len(tokenizer), max_sequence_tokens=len(prompt) + 64)
+    [completion] = parse_group(message, limits).completions
+    first = len(tokenizer.encode("58", add_special_tokens=False)) + 1
+    assert [(t.observation_tokens, t.context_ids) for t in completion.turns] == [(0, []), (0, fresh)]
+    assert completion.samples(prompt) == [(prompt, 0, first), (fresh, first, first + 3)]
+    assert completion.loss_mask.tolist() == [1.0] * (first + 3) and completion.reward == 1.0
+
+    # a new sample may not outgrow the learner's longest row (the prompt + max_total_tokens)
+    short = Trajectory(list(prompt), [dict(m) for m in user])
+    short.add_turn(_sampled(tokenizer, "58"), version=3)
+    tight = EnvironmentSpec(ref="answer_retry", max_turns=4, max_total_tokens=len(short.token_ids) + 1)
+    long_feedback = [{"role": "user", "content": "no" * 6}]
+    longer = renderer.fresh_context([*short.messages, *long_feedback])
+    assert len(longer) + 1 > len(prompt) + tight.max_total_tokens  # the token budget alone allows a turn
+    assert not short.apply_step(Step(observation=long_feedback), renderer, tight, max_model_len=128)
+    assert short.ended == "max_tokens" and short.splits == 0
+
+
+def test_a_template_that_refuses_the_observation_ends_the_trajectory(tokenizer):
+    """The character tokenizer's template has no `tool` role (ChatML takes any): refused, not a crash."""
+    renderer = ObservationRenderer(tokenizer)
+    user = [{"role": "user", "content": "46-12"}]
+    trajectory = Trajectory(chat_template_ids(tokenizer, user, add_generation_prompt=True), [dict(m) for m in user])
+    trajectory.add_turn(_sampled(tokenizer, "58"), version=0)
+    spec = EnvironmentSpec(ref="answer_retry", max_turns=4, max_total_tokens=64)
+    goes_on = trajectory.apply_step(Step(observation=[{"role": "tool", "content": "34"}]), renderer, spec, 128)
+    refuses = tokenizer.eos_token == "<eos>"
+    assert goes_on != refuses and trajectory.ended == ("template_refused" if refuses else "")
+    assert trajectory.splits == 0
 
 
 @pytest.mark.parametrize(("answer", "spec", "ended"), [
@@ -114,3 +163,49 @@ def test_each_stop_condition_ends_the_trajectory_with_its_reason_and_nothing_dan
     else:  # nothing observed after the last turn: the wire's rule
         assert trajectory.turns[-1].observation_tokens == 0
     assert trajectory.completion().HasField("unscorable_reason") == (ended == "unscorable")
+
+
+TOOLS_HEADER = ("{% if tools %}<|im_start|>system\n<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}"
+                "</tools><|im_end|>\n{% endif %}")
+
+
+def test_an_environments_tools_reach_every_chat_template_of_the_run(tmp_path, monkeypatch):
+    """The calculator of docs/environments.md: its tool schemas go to the template's `tools=` for the
+    learner's prompt, each observation's continuation and a split's fresh context alike, so the
+    continuation stays a byte-for-byte extension of what the template renders with them."""
+    from launch.config import load_config
+    from models.tokenizer import CHATML_TEMPLATE
+    from rewards.spec import RewardSpec, WeightedReward
+    from rewards.tools import template_tools, tool_schema
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "environments.md").read_text()
+    (tmp_path / "page_envs.py").write_text(re.search(r"```python\n(.*?)```", page, re.DOTALL).group(1))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = RewardSpec(functions=[WeightedReward(ref="exact_match")], imports=["page_envs"],
+                      environment=EnvironmentSpec(ref="calculator"))
+    import page_envs
+
+    schemas = template_tools(spec)
+    assert schemas == [tool_schema(page_envs.calculate)]
+    explicit = spec.environment.model_copy(update={"tools": []})
+    assert template_tools(spec.model_copy(update={"environment": explicit})) is None
+    config = load_config(None, ["rewards.imports=[page_envs]", "rewards.environment.ref=calculator"])
+    assert config.rewards.template_tools() == schemas
+    assert config.actor_config(tmp_path).environment.tools == schemas  # the actors need not import it
+
+    out = tmp_path / "chatml"
+    build_chatml_tokenizer(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer.chat_template = TOOLS_HEADER + CHATML_TEMPLATE
+    user = [{"role": "user", "content": "46-12?"}]
+    prompt = chat_template_ids(tokenizer, user, add_generation_prompt=True, tools=schemas)
+    assert '"name": "calculate"' in tokenizer.decode(prompt)
+    renderer = ObservationRenderer(tokenizer, schemas)
+    trajectory = Trajectory(list(prompt), [dict(m) for m in user])
+    call = '<tool_call>{"name": "calculate", "arguments": {"expression": "46-12"}}</tool_call>'
+    trajectory.add_turn(_sampled(tokenizer, call), version=0)
+    result = [{"role": "tool", "content": "34"}]
+    trajectory.add_observation(result, renderer.continuation(trajectory.messages, result, trajectory.token_ids[-1]))
+    assert trajectory.context == chat_template_ids(tokenizer, trajectory.messages, add_generation_prompt=True,
+                                                   tools=schemas)
+    assert renderer.fresh_context(trajectory.messages) == trajectory.context

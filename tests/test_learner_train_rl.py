@@ -34,6 +34,9 @@ class Completion:
     def loss_mask(self) -> np.ndarray:
         return np.ones(len(self.token_ids), np.float32)
 
+    def samples(self, prompt_ids: list[int]) -> list[tuple[list[int], int, int]]:
+        return [(prompt_ids, 0, len(self.token_ids))]
+
 
 @dataclasses.dataclass
 class Group:
@@ -99,6 +102,26 @@ def test_multi_turn_rows_hold_every_turn_and_observation_with_the_observations_o
     np.testing.assert_allclose(batch.advantages[1], -advantage * batch.completion_mask[1], rtol=1e-3)
     assert stats["loss_tokens"] == 3 + 2
     assert (stats["turns_mean"], stats["turns_max"], stats["observation_tokens"]) == (1.5, 2.0, 3.0)
+
+
+def test_a_trajectory_split_by_its_template_takes_a_row_per_sample_with_its_own_prompt():
+    # turn 1 samples [8, 2]; the template could not extend the conversation, so turn 2 was sampled from
+    # the conversation rendered afresh ([1, 3, 8, 2, 4, 5]) and its sample's row starts there
+    turns = [TurnRecord(2, 0, 3, reward=0.0), TurnRecord(2, 0, 3, reward=1.0, context_ids=[1, 3, 8, 2, 4, 5])]
+    split = CompletionRecord([8, 2, 6, 9], [-0.1, -0.2, -0.3, -0.4], "stop", 1.0, None, turns=turns)
+    single = CompletionRecord([9, 2], [-0.5, -0.6], "stop", 0.0, None)
+    group = Group("s", 3, [1, 3], [split, single])
+    batch, stats = assemble_rl_batch([group], pad_id=PAD, current_version=3, length_buckets=(8,), num_rows=2)
+    assert batch.input_ids.shape == (4, 8)  # 3 samples: the rows round up to a multiple of num_rows
+    np.testing.assert_array_equal(batch.input_ids[0], [1, 3, 8, 2, PAD, PAD, PAD, PAD])
+    np.testing.assert_array_equal(batch.input_ids[1], [1, 3, 8, 2, 4, 5, 6, 9])
+    np.testing.assert_array_equal(batch.input_ids[2], [1, 3, 9, 2, PAD, PAD, PAD, PAD])
+    np.testing.assert_allclose(batch.completion_mask[1], [0, 0, 0, 0, 0, 0, 1, 1])
+    np.testing.assert_allclose(batch.behaviour_logps[1], [0, 0, 0, 0, 0, 0, -0.3, -0.4], rtol=1e-6)
+    advantage = 1 / np.sqrt(2)  # both samples of the trajectory carry its advantage
+    np.testing.assert_allclose(batch.advantages[0], advantage * batch.completion_mask[0], rtol=1e-3)
+    np.testing.assert_allclose(batch.advantages[1], advantage * batch.completion_mask[1], rtol=1e-3)
+    assert not batch.attention_mask[3].any() and stats["split_samples"] == 1 and stats["loss_tokens"] == 6
 
 
 def test_assembly_picks_the_smallest_bucket_and_rejects_bad_groups():

@@ -35,13 +35,15 @@ def _completion(group: pb.ScoredGroup, i: int = 1) -> pb.Completion:
 
 
 def _turns(group: pb.ScoredGroup, parts: list[tuple[int, int, int, float | None]],
-           observed_logprob: float = 0.0) -> None:
-    """Give completion 1 turns (sampled, observation tokens, version, reward), its observation tokens
-    `observed_logprob`, and the sum of the turns' rewards as its reward."""
-    completion = _completion(group)
+           observed_logprob: float = 0.0, contexts: dict[int, list[int]] | None = None, i: int = 1) -> None:
+    """Give completion i turns (sampled, observation tokens, version, reward), turn k the context ids
+    `contexts[k]` (it starts a new training sample), its observation tokens `observed_logprob`, and the
+    sum of the turns' rewards as its reward."""
+    completion = _completion(group, i)
     position = 0
-    for sampled, observed, version, reward in parts:
-        turn = completion.turns.add(sampled_tokens=sampled, observation_tokens=observed, policy_version=version)
+    for k, (sampled, observed, version, reward) in enumerate(parts):
+        turn = completion.turns.add(sampled_tokens=sampled, observation_tokens=observed, policy_version=version,
+                                    context_token_ids=(contexts or {}).get(k, []))
         if reward is not None:
             turn.reward = reward
         for i in range(position + sampled, min(position + sampled + observed, len(completion.logprobs))):
@@ -100,7 +102,7 @@ INVALID_CASES = {
     ),
     "completion past the longest row": (
         lambda g: (_completion(g).token_ids.extend([1, 2]), _completion(g).logprobs.extend([-1.0, -1.0])),
-        "completion of 8 tokens after the prompt's 5 exceeds max_sequence_tokens 12",
+        "completion 1: a sample of 8 tokens after its prompt's 5 exceeds max_sequence_tokens 12",
     ),
     "turns short of the tokens": (lambda g: _turns(g, [(2, 3, 0, None), (2, 0, 0, 1.0)]), "cover 7 tokens of 6"),
     "turn with no sampled token": (lambda g: _turns(g, [(0, 3, 0, None), (3, 0, 0, 1.0)]), "need >= 1"),
@@ -116,6 +118,22 @@ INVALID_CASES = {
         "is not the sum of its turns' rewards 1.5",
     ),
     "too many turns": (lambda g: _turns(g, [(1, 0, 0, None)] * 1025), "1025 turns > 1024"),
+    "first turn with a context": (
+        lambda g: _turns(g, [(2, 3, 0, None), (1, 0, 0, 1.0)], contexts={0: [1, 2]}),
+        "turn 0 has context_token_ids",
+    ),
+    "new sample after an observation": (
+        lambda g: _turns(g, [(2, 3, 0, None), (1, 0, 0, 1.0)], contexts={1: [1, 2]}),
+        "turn 1 starts a new sample but turn 0 has 3 observation tokens",
+    ),
+    "context token >= vocab": (
+        lambda g: _turns(g, [(2, 0, 0, None), (4, 0, 0, 1.0)], contexts={1: [1, VOCAB]}),
+        f"turn 1 context_token_ids: token id {VOCAB} >= vocab_size",
+    ),
+    "split sample past the longest row": (
+        lambda g: _turns(g, [(2, 0, 0, None), (4, 0, 0, 1.0)], contexts={1: [1] * 9}),
+        "a sample of 4 tokens after its prompt's 9 exceeds max_sequence_tokens 12",
+    ),
 }
 
 
@@ -136,11 +154,15 @@ def test_each_invalid_group_gets_invalid_with_a_specific_detail_and_loses_nothin
         # Nothing was consumed or lost: a valid group of the same prompt (multi-turn) is still accepted.
         valid = make_group(lease, actor.actor_id)
         _turns(valid, [(2, 3, 0, 0.25), (1, 0, 0, 1.0)])
+        _turns(valid, [(2, 0, 0, 0.5), (4, 0, 0, None)], contexts={1: [1, 2, 3]}, i=2)  # split by a template
         (ack,) = actor.exchange([valid])
         assert ack.status == pb.ACK_STATUS_QUEUED
         [record] = service.next_batch(1, timeout=10)
         assert record.completions[1].loss_mask.tolist() == [1, 1, 0, 0, 0, 1]
         assert record.completions[1].reward == 1.25
+        prompt = list(valid.prompt_token_ids)
+        assert record.completions[2].samples(prompt) == [(prompt, 0, 2), ([1, 2, 3], 2, 6)]
+        assert record.completions[1].samples(prompt) == [(prompt, 0, 6)]
         counts = service.accounting()
         assert counts["groups_invalid"] == len(INVALID_CASES) and counts["groups_queued"] == 1
         assert balance_violations(counts) == []

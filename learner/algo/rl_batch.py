@@ -2,9 +2,11 @@
 
 One row per completion: prompt tokens then completion tokens, right-padded to a length bucket
 (the smallest of `length_buckets` that fits), rows padded to `num_rows`, so the jitted step sees
-few distinct shapes and does not recompile every step. A multi-turn completion's observation tokens
-(an environment's answers between the turns the policy sampled) are in the row but out of the loss
-(its `loss_mask`). Advantages are per token: the group's statistics come from
+few distinct shapes and does not recompile every step. A multi-turn trajectory that a chat template
+split (a turn that starts a new sample from the conversation rendered afresh) takes one row per sample,
+each with its own prompt; the rows then round up to a multiple of `num_rows`. A multi-turn
+completion's observation tokens (an environment's answers between the turns the policy sampled) are in
+the row but out of the loss (its `loss_mask`). Advantages are per token: the group's statistics come from
 `learner.algo.advantages.group_advantages` (unscorable completions: advantage 0, weight 0; DAPO dynamic
 sampling: zero-signal groups weight 0 when 'drop'), and the advantage rule
 (`learner.algo.turn_advantages`, default: the trajectory's advantage on every turn) gives each turn of
@@ -32,6 +34,9 @@ class CompletionLike(Protocol):
     @property
     def loss_mask(self) -> np.ndarray:
         """1 on the tokens the policy sampled, 0 on observation tokens (multi-turn)."""
+
+    def samples(self, prompt_ids: list[int]) -> list[tuple[Sequence[int], int, int]]:
+        """Training samples, one row each: (their prompt, start, end) over token_ids."""
 
 
 class GroupLike(Protocol):
@@ -87,15 +92,15 @@ def pow2_buckets(max_len: int, min_len: int = 16) -> tuple[int, ...]:
     return (*buckets, max_len)
 
 
-def _turn_stats(completions: Sequence[CompletionLike]) -> dict[str, float]:
-    """Multi-turn batches only: assistant turns per completion (mean, max) and the observation tokens
-    the rows hold outside the loss."""
+def _turn_stats(completions: Sequence[CompletionLike], split_samples: int) -> dict[str, float]:
+    """Multi-turn batches only: assistant turns per completion (mean, max), the observation tokens the
+    rows hold outside the loss, and the samples added by splitting trajectories at template breaks."""
     turns = [len(c.turns) or 1 for c in completions]
     if max(turns) == 1:
         return {}
     observed = sum(len(c.token_ids) - int(c.loss_mask.sum()) for c in completions)
     return {"turns_mean": float(np.mean(turns)), "turns_max": float(max(turns)),
-            "observation_tokens": float(observed)}
+            "observation_tokens": float(observed), "split_samples": float(split_samples)}
 
 
 def _turn_lengths(completion: CompletionLike) -> list[int]:
@@ -152,12 +157,16 @@ def assemble_rl_batch(
                        np.float64)
     adv = group_advantages(rewards, std_normalize=std_normalize, dynamic_sampling=dynamic_sampling)
 
-    rows = len(groups) * group_size
-    num_rows = rows if num_rows is None else num_rows
-    if num_rows < rows:
-        raise ValueError(f"{rows} completions do not fit in num_rows={num_rows}")
-    length = bucket_for(max(len(g.prompt_ids) + len(c.token_ids) for g in groups for c in g.completions),
-                        length_buckets)
+    completions = len(groups) * group_size
+    num_rows = completions if num_rows is None else num_rows
+    if num_rows < completions:
+        raise ValueError(f"{completions} completions do not fit in num_rows={num_rows}")
+    samples = [[c.samples(list(g.prompt_ids)) for c in g.completions] for g in groups]
+    rows = sum(len(s) for group_samples in samples for s in group_samples)
+    # Samples split by a template take more rows: a multiple of num_rows keeps micro-batches and shards even.
+    num_rows *= -(-rows // num_rows)
+    length = bucket_for(max(len(prompt) + end - start for group_samples in samples for s in group_samples
+                            for prompt, start, end in s), length_buckets)
 
     input_ids = np.full((num_rows, length), pad_id, np.int32)
     attention_mask = np.zeros((num_rows, length), np.int32)
@@ -166,18 +175,22 @@ def assemble_rl_batch(
     advantages = np.zeros((num_rows, length), np.float32)
     row = 0
     for i, group in enumerate(groups):
-        prompt = np.asarray(group.prompt_ids, np.int32)
         per_turn = _group_turn_advantages(group, i, adv, advantage, std_normalize)
         for j, completion in enumerate(group.completions):
-            start, end = len(prompt), len(prompt) + len(completion.token_ids)
-            input_ids[row, :start] = prompt
-            input_ids[row, start:end] = completion.token_ids
-            attention_mask[row, :end] = 1
-            completion_mask[row, start:end] = adv.weights[i, j] * completion.loss_mask
-            behaviour[row, start:end] = completion.logprobs
-            if j in per_turn:
-                advantages[row, start:end] = np.repeat(per_turn[j], _turn_lengths(completion)) * completion.loss_mask
-            row += 1
+            tokens = np.asarray(completion.token_ids, np.int32)
+            mask = adv.weights[i, j] * completion.loss_mask
+            logprobs = np.asarray(completion.logprobs, np.float32)
+            token_advantages = (np.repeat(per_turn[j], _turn_lengths(completion)) * completion.loss_mask
+                                if j in per_turn else np.zeros(len(tokens)))
+            for prompt, start, end in samples[i][j]:  # one row per training sample
+                first, last = len(prompt), len(prompt) + end - start
+                input_ids[row, :first] = prompt
+                input_ids[row, first:last] = tokens[start:end]
+                attention_mask[row, :last] = 1
+                completion_mask[row, first:last] = mask[start:end]
+                behaviour[row, first:last] = logprobs[start:end]
+                advantages[row, first:last] = token_advantages[start:end]
+                row += 1
 
     scorable = rewards[~np.isnan(rewards)]
     staleness = np.array([current_version - g.policy_version for g in groups], np.float64)
@@ -194,6 +207,6 @@ def assemble_rl_batch(
         **{f"staleness_groups/{k}": float(n) for k, n in enumerate(np.bincount(staleness.astype(np.int64)))},
         "num_groups": float(len(groups)),
         "loss_tokens": float(completion_mask.astype(bool).sum()),
-        **_turn_stats([c for g in groups for c in g.completions]),
+        **_turn_stats([c for g in groups for c in g.completions], rows - completions),
     }
     return RLBatch(input_ids, attention_mask, completion_mask, behaviour, advantages), stats

@@ -3,7 +3,9 @@
 `parse_group` is the single gate between untrusted bytes and the learner: anything it lets
 through has consistent shapes, finite non-positive logprobs, in-range token ids, a reward or an
 unscorable reason per completion, turns (multi-turn) that tile the completion with zero logprobs on
-observation tokens and rewards that add up, and every string and number within its documented bound
+observation tokens and rewards that add up, training samples (a trajectory split where the chat template
+could not extend it) that each fit the learner's longest row, and every string and number within its
+documented bound
 (tandem_wire/limits.py). It raises InvalidInput with a specific detail otherwise.
 """
 
@@ -36,6 +38,7 @@ class TurnRecord:
     observation_tokens: int
     policy_version: int
     reward: float | None = None
+    context_ids: list[int] = field(default_factory=list)  # set: this turn starts a new training sample
 
 
 @dataclass
@@ -55,6 +58,17 @@ class CompletionRecord:
             return np.ones(len(self.token_ids), np.float32)
         return np.concatenate([np.repeat(np.array([1, 0], np.float32), [t.sampled_tokens, t.observation_tokens])
                                for t in self.turns])
+
+    def samples(self, prompt_ids: list[int]) -> list[tuple[list[int], int, int]]:
+        """The training samples (one row each) as (their prompt, start, end) over `token_ids`: one, the
+        group's prompt then every token, unless a turn with `context_ids` starts a new sample there."""
+        prompts, starts, position = [prompt_ids], [0], 0
+        for turn in self.turns:
+            if turn.context_ids:
+                prompts.append(turn.context_ids)
+                starts.append(position)
+            position += turn.sampled_tokens + turn.observation_tokens
+        return list(zip(prompts, starts, [*starts[1:], len(self.token_ids)], strict=True))
 
 
 @dataclass
@@ -126,14 +140,12 @@ def parse_group(msg: pb.ScoredGroup, limits: GroupLimits) -> GroupRecord:
     if len(msg.completions) > MAX_GROUP_SIZE:
         raise InvalidInput(f"group has {len(msg.completions)} completions > {MAX_GROUP_SIZE}")
     completions = [_parse_completion(i, c) for i, c in enumerate(msg.completions)]
-    longest = max(len(c.token_ids) for c in completions)
-    if limits.max_sequence_tokens and len(prompt_ids) + longest > limits.max_sequence_tokens:
-        raise InvalidInput(f"a completion of {longest} tokens after the prompt's {len(prompt_ids)} exceeds "
-                           f"max_sequence_tokens {limits.max_sequence_tokens}")
     _check_numbers(completions, limits.vocab_size)
     for i, completion in enumerate(completions):
         if completion.turns:
-            _check_turns(f"completion {i}", completion, msg.policy_version, limits.latest_version)
+            _check_turns(f"completion {i}", completion, msg.policy_version, limits.latest_version, limits.vocab_size)
+        if limits.max_sequence_tokens:
+            _check_sample_lengths(f"completion {i}", completion, prompt_ids, limits.max_sequence_tokens)
     return _record(msg, prompt_ids, completions)
 
 
@@ -165,15 +177,25 @@ def _parse_completion(i: int, c: pb.Completion) -> CompletionRecord:
     if len(c.turns) > MAX_TURNS:
         raise InvalidInput(f"{where}: {len(c.turns)} turns > {MAX_TURNS}")
     turns = [TurnRecord(t.sampled_tokens, t.observation_tokens, t.policy_version,
-                        t.reward if t.HasField("reward") else None) for t in c.turns]
+                        t.reward if t.HasField("reward") else None, list(t.context_token_ids)) for t in c.turns]
     return CompletionRecord(token_ids, logprobs, FINISH_REASONS[c.finish_reason], reward, unscorable, text, turns)
 
 
-def _check_turns(where: str, completion: CompletionRecord, group_version: int, latest_version: int) -> None:
+def _check_turns(where: str, completion: CompletionRecord, group_version: int, latest_version: int,
+                 vocab_size: int | None) -> None:
     """Turns tile the completion, sampled by versions from the group's (their oldest) to the latest, with
-    logprob 0 on observation tokens and a trajectory reward that is the sum of the turns' rewards."""
+    logprob 0 on observation tokens and a trajectory reward that is the sum of the turns' rewards; a turn
+    that starts a new sample is not the first, follows a turn without observation tokens, and its
+    context's ids are in the vocabulary."""
     turns = completion.turns
     for k, turn in enumerate(turns):
+        if turn.context_ids:
+            if k == 0:
+                raise InvalidInput(f"{where}: turn 0 has context_token_ids (the group's prompt is its context)")
+            if turns[k - 1].observation_tokens:
+                raise InvalidInput(f"{where}: turn {k} starts a new sample but turn {k - 1} has "
+                                   f"{turns[k - 1].observation_tokens} observation tokens (they belong in its context)")
+            _check_token_ids(f"{where}: turn {k} context_token_ids", turn.context_ids, vocab_size)
         if turn.sampled_tokens < 1 or turn.observation_tokens < 0:
             raise InvalidInput(f"{where}: turn {k} has {turn.sampled_tokens} sampled and "
                                f"{turn.observation_tokens} observation tokens (need >= 1 and >= 0)")
@@ -197,6 +219,14 @@ def _check_turns(where: str, completion: CompletionRecord, group_version: int, l
         total = math.fsum(turn.reward or 0.0 for turn in turns)
         if not math.isclose(completion.reward, total, rel_tol=1e-6, abs_tol=1e-6):
             raise InvalidInput(f"{where}: reward {completion.reward} is not the sum of its turns' rewards {total}")
+
+
+def _check_sample_lengths(where: str, completion: CompletionRecord, prompt_ids: list[int], limit: int) -> None:
+    """Each training sample (its prompt or context, then its tokens) fits the learner's longest row."""
+    for prompt, start, end in completion.samples(prompt_ids):
+        if len(prompt) + end - start > limit:
+            raise InvalidInput(f"{where}: a sample of {end - start} tokens after its prompt's {len(prompt)} "
+                               f"exceeds max_sequence_tokens {limit}")
 
 
 def _check_numbers(completions: list[CompletionRecord], vocab_size: int | None) -> None:
