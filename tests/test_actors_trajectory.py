@@ -5,9 +5,6 @@ tokens by turn."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import pytest
 from transformers import AutoTokenizer
 
@@ -34,13 +31,22 @@ def _sampled(tokenizer, text: str) -> Sample:
     return Sample(ids, [-0.5] * len(ids), "stop", text)
 
 
+USER = [{"role": "user", "content": "46-12"}]
+FEEDBACK = [{"role": "user", "content": "no"}]
+
+
+def _after_first_turn(tokenizer, version: int = 3) -> tuple[list[int], Trajectory]:
+    """The prompt of `46-12` and its trajectory after a first turn `58` (ended by the model's EOS)."""
+    prompt = chat_template_ids(tokenizer, USER, add_generation_prompt=True)
+    trajectory = Trajectory(list(prompt), [dict(m) for m in USER])
+    trajectory.add_turn(_sampled(tokenizer, "58"), version=version)
+    return prompt, trajectory
+
+
 def test_two_turns_give_the_templates_rendering_of_the_whole_conversation(tokenizer):
     renderer = ObservationRenderer(tokenizer)
-    user = [{"role": "user", "content": "46-12"}]
-    prompt = chat_template_ids(tokenizer, user, add_generation_prompt=True)
-    trajectory = Trajectory(list(prompt), [dict(m) for m in user])
-    trajectory.add_turn(_sampled(tokenizer, "58"), version=3)
-    feedback = [{"role": "user", "content": "no"}]
+    user, feedback = USER, FEEDBACK
+    prompt, trajectory = _after_first_turn(tokenizer)
     ids = renderer.continuation(trajectory.messages, feedback, trajectory.token_ids[-1])
     trajectory.add_observation(feedback, ids)
     trajectory.add_turn(_sampled(tokenizer, "34"), version=4)
@@ -84,11 +90,8 @@ class _RewritingTemplate:
 def test_a_template_that_rewrites_earlier_turns_starts_a_new_sample_from_the_conversation_rendered_afresh(tokenizer):
     rewriting = _RewritingTemplate(tokenizer)
     renderer = ObservationRenderer(rewriting)
-    user = [{"role": "user", "content": "46-12"}]
-    prompt = chat_template_ids(tokenizer, user, add_generation_prompt=True)
-    trajectory = Trajectory(list(prompt), [dict(m) for m in user])
-    trajectory.add_turn(_sampled(tokenizer, "58"), version=3)
-    feedback = [{"role": "user", "content": "no"}]
+    user, feedback = USER, FEEDBACK
+    prompt, trajectory = _after_first_turn(tokenizer)
     assert renderer.continuation(trajectory.messages, feedback, trajectory.token_ids[-1]) is None
     spec = EnvironmentSpec(ref="answer_retry", max_turns=4, max_total_tokens=64)
     assert trajectory.apply_step(Step(observation=feedback), renderer, spec, max_model_len=128)
@@ -114,8 +117,7 @@ def test_a_template_that_rewrites_earlier_turns_starts_a_new_sample_from_the_con
     assert completion.loss_mask.tolist() == [1.0] * (first + 3) and completion.reward == 1.0
 
     # a new sample may not outgrow the learner's longest row (the prompt + max_total_tokens)
-    short = Trajectory(list(prompt), [dict(m) for m in user])
-    short.add_turn(_sampled(tokenizer, "58"), version=3)
+    _, short = _after_first_turn(tokenizer)
     tight = EnvironmentSpec(ref="answer_retry", max_turns=4, max_total_tokens=len(short.token_ids) + 1)
     long_feedback = [{"role": "user", "content": "no" * 6}]
     longer = renderer.fresh_context([*short.messages, *long_feedback])
@@ -127,9 +129,7 @@ def test_a_template_that_rewrites_earlier_turns_starts_a_new_sample_from_the_con
 def test_a_template_that_refuses_the_observation_ends_the_trajectory(tokenizer):
     """The character tokenizer's template has no `tool` role (ChatML takes any): refused, not a crash."""
     renderer = ObservationRenderer(tokenizer)
-    user = [{"role": "user", "content": "46-12"}]
-    trajectory = Trajectory(chat_template_ids(tokenizer, user, add_generation_prompt=True), [dict(m) for m in user])
-    trajectory.add_turn(_sampled(tokenizer, "58"), version=0)
+    _, trajectory = _after_first_turn(tokenizer)
     spec = EnvironmentSpec(ref="answer_retry", max_turns=4, max_total_tokens=64)
     goes_on = trajectory.apply_step(Step(observation=[{"role": "tool", "content": "34"}]), renderer, spec, 128)
     refuses = tokenizer.eos_token == "<eos>"
@@ -152,9 +152,7 @@ def test_each_stop_condition_ends_the_trajectory_with_its_reason_and_nothing_dan
     settings = {"max_turns": 4, "max_total_tokens": 64, "max_model_len": 64, **spec}
     max_model_len = settings.pop("max_model_len")
     environment = EnvironmentSpec(ref="answer_retry", **settings)
-    prompt = chat_template_ids(tokenizer, [{"role": "user", "content": "46-12"}], add_generation_prompt=True)
-    trajectory = Trajectory(list(prompt), [{"role": "user", "content": "46-12"}])
-    trajectory.add_turn(_sampled(tokenizer, "58"), version=0)
+    _, trajectory = _after_first_turn(tokenizer, version=0)
     goes_on = trajectory.apply_step(answer, ObservationRenderer(tokenizer), environment, max_model_len)
     assert goes_on == (ended == "") and trajectory.ended == ended
     if goes_on:  # the observation is in, and the next turn has room
@@ -173,16 +171,13 @@ def test_an_environments_tools_reach_every_chat_template_of_the_run(tmp_path, mo
     """The calculator of docs/environments.md: its tool schemas go to the template's `tools=` for the
     learner's prompt, each observation's continuation and a split's fresh context alike, so the
     continuation stays a byte-for-byte extension of what the template renders with them."""
+    from environment_helpers import page_calculator_spec
+
     from launch.config import load_config
     from models.tokenizer import CHATML_TEMPLATE
-    from rewards.spec import RewardSpec, WeightedReward
     from rewards.tools import template_tools, tool_schema
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "environments.md").read_text()
-    (tmp_path / "page_envs.py").write_text(re.search(r"```python\n(.*?)```", page, re.DOTALL).group(1))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    spec = RewardSpec(functions=[WeightedReward(ref="exact_match")], imports=["page_envs"],
-                      environment=EnvironmentSpec(ref="calculator"))
+    spec = page_calculator_spec(tmp_path, monkeypatch)
     import page_envs
 
     schemas = template_tools(spec)

@@ -5,12 +5,11 @@ functions with their schema, run on the calls a reply makes, their failures show
 
 from __future__ import annotations
 
-import re
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from environment_helpers import page_calculator_spec
 
 from rewards.environment_host import IsolatedEnvironment
 from rewards.environments import Environment, Step, check_step, environment, resolve_environment
@@ -164,12 +163,7 @@ def test_tool_calls_are_run_and_their_failures_shown_to_the_model_and_counted():
 
 def test_the_calculator_of_docs_environments_md_runs_as_written(tmp_path, monkeypatch):
     """The page's one-screen environment, taken from the page, in its isolated child."""
-    page = (Path(__file__).resolve().parents[1] / "docs" / "environments.md").read_text()
-    (tmp_path / "my_envs.py").write_text(re.search(r"```python\n(.*?)```", page, re.DOTALL).group(1))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    spec = RewardSpec(functions=[WeightedReward(ref="exact_match")], imports=["my_envs"],
-                      environment=EnvironmentSpec(ref="calculator"))
-    host = IsolatedEnvironment(spec)
+    host = IsolatedEnvironment(page_calculator_spec(tmp_path, monkeypatch))
     try:
         host.reset("k", {"answer": "34"})
         call = '<tool_call>{"name": "calculate", "arguments": {"expression": "46-12"}}</tool_call>'
