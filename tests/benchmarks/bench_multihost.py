@@ -58,7 +58,8 @@ def worker(model_dir: str, scale: int, steps: int, num_processes: int, process_i
     attention = (np.arange(LENGTH)[None] < rng.integers(26, LENGTH + 1, rows)[:, None]).astype(np.int32)
     completion = (attention * (np.arange(LENGTH)[None] >= 24)).astype(np.float32)
     batch = RLBatch(rng.integers(5, 40, (rows, LENGTH)).astype(np.int32), attention, completion,
-                    np.where(completion > 0, -1.5, 0).astype(np.float32), rng.normal(size=rows).astype(np.float32))
+                    np.where(completion > 0, -1.5, 0).astype(np.float32),
+                    (rng.normal(size=(rows, 1)) * completion).astype(np.float32))  # one advantage per completion
     times: dict[str, list[float]] = {"broadcast_s": [], "step_s": [], "export_s": [], "fanout_s": []}
     fanout = fanout_rows(mesh) if num_processes > 1 else None
     for step in range(steps + 1):  # step 0 compiles
