@@ -90,10 +90,16 @@ class OptimizerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     learning_rate: float = Field(1e-4, gt=0, description="peak learning rate (after warmup)")
-    schedule: Literal["cosine", "constant"] = Field("cosine", description="decay after warmup")
+    schedule: Literal["cosine", "constant", "wsd"] = Field("cosine", description="after warmup: cosine decay "
+                                                                            "over total_steps, constant, or "
+                                                                            "wsd (constant, then a cosine "
+                                                                            "decay over the last "
+                                                                            "decay_fraction)")
     warmup_steps: int = Field(0, ge=0, description="linear warmup from 0 over this many updates")
     total_steps: int = Field(1000, ge=1, description="the schedule's horizon (default in a run: train.steps)")
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine ends at learning_rate * min_lr_ratio")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine and wsd end at learning_rate * min_lr_ratio")
+    decay_fraction: float = Field(0.25, gt=0, le=1, description="wsd: the share of total_steps its final "
+                                                                "decay takes")
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay (not on norms, biases)")
     b1: float = Field(0.9, ge=0, lt=1, description="AdamW first-moment decay")
     b2: float = Field(0.999, ge=0, lt=1, description="AdamW second-moment decay")

@@ -32,6 +32,18 @@ def test_constant_schedule_with_and_without_warmup():
     assert [float(lr(c)) for c in (0, 1, 50)] == pytest.approx([1e-4, 2e-4, 2e-4])
 
 
+def test_wsd_holds_the_peak_then_decays_over_its_last_fraction():
+    config = OptimizerConfig(learning_rate=1e-3, schedule="wsd", total_steps=20, decay_fraction=0.25)
+    lr = make_schedule(config)
+    assert [float(lr(c)) for c in (0, 9, 15)] == pytest.approx([1e-3] * 3)
+    for count in (15, 17, 19):  # cosine from the peak to the floor over the last 5 updates
+        expected = 1e-4 + (1e-3 - 1e-4) * 0.5 * (1 + math.cos(math.pi * (count - 15) / 5))
+        assert float(lr(count)) == pytest.approx(expected, rel=1e-5)
+    assert float(lr(20)) == pytest.approx(1e-4) and float(lr(100)) == pytest.approx(1e-4)
+    warm = make_schedule(config.model_copy(update={"warmup_steps": 2}))
+    assert [float(warm(c)) for c in (0, 1, 10, 19)] == pytest.approx([5e-4, 1e-3, 1e-3, float(lr(20))], rel=1e-5)
+
+
 def test_weight_decay_only_on_matrices():
     config = OptimizerConfig(learning_rate=0.1, weight_decay=0.5, schedule="constant")
     tx = make_optimizer(config)

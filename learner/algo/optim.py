@@ -1,4 +1,4 @@
-"""Optimizer: optax AdamW with warmup + cosine/constant schedule and global-norm clipping.
+"""Optimizer: optax AdamW with warmup + cosine/constant/WSD schedule and global-norm clipping.
 
 Gradient accumulation is not an optax wrapper here: the train step sums the gradients of k
 micro-batch losses (each already divided by the *global* batch normaliser, so their sum is the
@@ -19,18 +19,25 @@ def make_schedule(config: OptimizerConfig) -> optax.Schedule:
 
     With warmup, update k (1-based) uses base(k), so the first update already has
     lr/warmup_steps rather than 0 (a zero first step would only move Adam's moments).
+    cosine: warmup, then cosine decay to learning_rate × min_lr_ratio at total_steps. constant: warmup,
+    then the peak. wsd (warmup-stable-decay): warmup, the peak, then a cosine decay to the same floor
+    over the last decay_fraction of total_steps.
     """
     peak = config.learning_rate
     if config.schedule == "cosine":
         base = optax.warmup_cosine_decay_schedule(
             init_value=0.0, peak_value=peak, warmup_steps=config.warmup_steps,
             decay_steps=config.total_steps, end_value=peak * config.min_lr_ratio)
-    elif config.warmup_steps > 0:
-        base = optax.join_schedules(
-            [optax.linear_schedule(0.0, peak, config.warmup_steps), optax.constant_schedule(peak)],
-            [config.warmup_steps])
     else:
-        base = optax.constant_schedule(peak)
+        pieces, boundaries = [optax.constant_schedule(peak)], []
+        if config.warmup_steps > 0:
+            pieces.insert(0, optax.linear_schedule(0.0, peak, config.warmup_steps))
+            boundaries.append(config.warmup_steps)
+        if config.schedule == "wsd":
+            decay_steps = max(1, round(config.total_steps * config.decay_fraction))
+            pieces.append(optax.cosine_decay_schedule(peak, decay_steps, alpha=config.min_lr_ratio))
+            boundaries.append(max(config.total_steps - decay_steps, config.warmup_steps))
+        base = optax.join_schedules(pieces, boundaries) if boundaries else pieces[0]
     if config.warmup_steps == 0:
         return base
     return lambda count: base(count + 1)
