@@ -84,7 +84,7 @@ def group_advantages(
     if dynamic_sampling in ("drop", "fill"):
         weights &= ~zero_signal
     return GroupAdvantages(
-        advantages=advantages.astype(np.float32),
+        advantages=advantages,  # float64: the batch casts them; per-turn rules reuse them exactly
         weights=weights.astype(np.float32),
         baselines=mean[:, 0],
         scales=scale[:, 0],

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from learner.algo.advantages import group_advantages
 from rewards.registry import import_reference
 
 TRAJECTORY = "trajectory"
@@ -65,19 +66,13 @@ def reward_to_go(group: GroupTurnRewards) -> list[np.ndarray]:
 
 def per_turn_grpo(group: GroupTurnRewards) -> list[np.ndarray]:
     """A_jt = (r_jt − mean r_·t) / (std r_·t + ε) over the trajectories that reached turn t (biased: see
-    the module's docstring); a turn that only one trajectory reached, or where all rewards are equal, gets 0."""
-    longest = max(len(r) for r in group.turn_rewards)
-    padded = np.full((len(group.turn_rewards), longest), np.nan)
-    for j, r in enumerate(group.turn_rewards):
-        padded[j, :len(r)] = r
-    reached = ~np.isnan(padded)
-    count = reached.sum(0)
-    mean = np.nansum(padded, 0) / count
-    std = np.sqrt(np.nansum((padded - mean) ** 2, 0) / np.maximum(count - 1, 1))
-    spread = np.nanmax(padded, 0) - np.nanmin(padded, 0)
-    scale = std + group.epsilon if group.std_normalize else 1.0
-    advantages = np.where((count > 1) & (spread > 0), (padded - mean) / scale, 0.0)
-    return [advantages[j, :len(r)] for j, r in enumerate(group.turn_rewards)]
+    the module's docstring): GRPO's own normalisation with each turn index as a group; a turn that only
+    one trajectory reached, or where all rewards are equal, gets 0."""
+    by_turn = np.full((max(len(r) for r in group.turn_rewards), len(group.turn_rewards)), np.nan)
+    for j, rewards in enumerate(group.turn_rewards):  # NaN: the trajectory did not reach that turn
+        by_turn[:len(rewards), j] = rewards
+    advantages = group_advantages(by_turn, std_normalize=group.std_normalize, epsilon=group.epsilon).advantages
+    return [advantages[:len(r), j] for j, r in enumerate(group.turn_rewards)]
 
 
 BUILTIN: dict[str, TurnAdvantageFn] = {"trajectory": trajectory, "reward_to_go": reward_to_go,
