@@ -129,7 +129,9 @@ def _sample_episodes(actor: RolloutActor, service: LearnerService, dirs: dict, l
         actor._load_when_drained()
         actor._advance_episodes(wait_s=0.05)
     assert not actor._episode_groups() and actor.version == 1
-    return sorted(service.next_batch(3, timeout=30), key=lambda record: record.metadata["answer"])
+    records = service.next_batch(3, timeout=30)
+    assert len(records) == 3, service.accounting()  # none refused (e.g. trajectories that start on two versions)
+    return sorted(records, key=lambda record: record.metadata["answer"])
 
 
 def test_episodes_carry_exact_tokens_per_turn_versions_and_rewards_and_a_failing_environment_is_unscorable(rig):

@@ -197,6 +197,30 @@ def _tiny_weights():
     return [("w", np.zeros(4, np.float32))]
 
 
+def test_a_multi_turn_group_is_at_its_oldest_turns_version_over_all_its_trajectories():
+    """A weight load can abort one trajectory's first turn (sampled again on the new version) while another
+    trajectory's first turn is done: the group is at the oldest turn's version of all its trajectories,
+    and no trajectory needs a turn of it. A group whose version no turn has is refused."""
+    with running_service(max_staleness=4) as (service, address):
+        actor = raw_actor(address)
+        (spanning, ahead), _ = actor.lease(2)
+        service.publish_weights(1, _tiny_weights())
+        service.publish_weights(2, _tiny_weights())
+        valid = make_group(spanning, actor.actor_id, policy_version=0)
+        _turns(valid, [(2, 3, 0, 0.25), (1, 0, 1, 1.0)])
+        _turns(valid, [(2, 3, 1, None), (1, 0, 2, 0.5)], i=2)  # its first turn sampled again on version 1
+        behind = make_group(ahead, actor.actor_id, policy_version=0)
+        _turns(behind, [(2, 3, 1, 0.25), (1, 0, 1, 1.0)])
+        _turns(behind, [(6, 0, 2, 1.0)], i=2)
+        acks = actor.exchange([valid, behind])
+        assert [a.status for a in acks] == [pb.ACK_STATUS_QUEUED, pb.ACK_STATUS_INVALID], acks
+        assert "the group's policy_version 0 is not its oldest turn's 1" in acks[1].detail
+        [record] = service.next_batch(1, timeout=10)
+        assert record.policy_version == 0
+        assert [[t.policy_version for t in c.turns] for c in record.completions[1:3]] == [[0, 1], [1, 2]]
+        actor.close()
+
+
 def test_stale_groups_are_dropped_on_arrival_and_at_dequeue_and_their_prompts_re_leased():
     with running_service(max_staleness=1) as (service, address):
         actor = raw_actor(address)

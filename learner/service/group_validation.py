@@ -146,6 +146,12 @@ def parse_group(msg: pb.ScoredGroup, limits: GroupLimits) -> GroupRecord:
             _check_turns(f"completion {i}", completion, msg.policy_version, limits.latest_version, limits.vocab_size)
         if limits.max_sequence_tokens:
             _check_sample_lengths(f"completion {i}", completion, prompt_ids, limits.max_sequence_tokens)
+    turn_versions = [turn.policy_version for completion in completions for turn in completion.turns]
+    # the group's version is its oldest turn's over all its trajectories: one trajectory's first turn may
+    # have been sampled again on newer weights (a weight load aborted it) while another's was not
+    if turn_versions and min(turn_versions) != msg.policy_version:
+        raise InvalidInput(f"the group's policy_version {msg.policy_version} is not its oldest turn's "
+                           f"{min(turn_versions)}")
     return _record(msg, prompt_ids, completions)
 
 
@@ -206,8 +212,6 @@ def _check_turns(where: str, completion: CompletionRecord, group_version: int, l
             raise InvalidInput(f"{where}: turn {k} has a non-finite reward {turn.reward}")
     if turns[-1].observation_tokens:
         raise InvalidInput(f"{where}: the last turn ends with {turns[-1].observation_tokens} observation tokens")
-    if min(turn.policy_version for turn in turns) != group_version:
-        raise InvalidInput(f"{where}: the group's policy_version {group_version} is not its oldest turn's")
     covered = sum(turn.sampled_tokens + turn.observation_tokens for turn in turns)
     if covered != len(completion.token_ids):
         raise InvalidInput(f"{where}: turns cover {covered} tokens of {len(completion.token_ids)}")
