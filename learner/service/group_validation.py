@@ -146,12 +146,11 @@ def parse_group(msg: pb.ScoredGroup, limits: GroupLimits) -> GroupRecord:
             _check_turns(f"completion {i}", completion, msg.policy_version, limits.latest_version, limits.vocab_size)
         if limits.max_sequence_tokens:
             _check_sample_lengths(f"completion {i}", completion, prompt_ids, limits.max_sequence_tokens)
-    turn_versions = [turn.policy_version for completion in completions for turn in completion.turns]
     # the group's version is its oldest turn's over all its trajectories: one trajectory's first turn may
     # have been sampled again on newer weights (a weight load aborted it) while another's was not
-    if turn_versions and min(turn_versions) != msg.policy_version:
-        raise InvalidInput(f"the group's policy_version {msg.policy_version} is not its oldest turn's "
-                           f"{min(turn_versions)}")
+    oldest = min((turn.policy_version for completion in completions for turn in completion.turns), default=None)
+    if oldest is not None and oldest != msg.policy_version:
+        raise InvalidInput(f"the group's policy_version {msg.policy_version} is not its oldest turn's {oldest}")
     return _record(msg, prompt_ids, completions)
 
 
@@ -189,10 +188,10 @@ def _parse_completion(i: int, c: pb.Completion) -> CompletionRecord:
 
 def _check_turns(where: str, completion: CompletionRecord, group_version: int, latest_version: int,
                  vocab_size: int | None) -> None:
-    """Turns tile the completion, sampled by versions from the group's (their oldest) to the latest, with
-    logprob 0 on observation tokens and a trajectory reward that is the sum of the turns' rewards; a turn
-    that starts a new sample is not the first, follows a turn without observation tokens, and its
-    context's ids are in the vocabulary."""
+    """Turns tile the completion, sampled by versions from the group's (parse_group checks it is the oldest
+    turn's over all trajectories) to the latest, with logprob 0 on observation tokens and a trajectory
+    reward that is the sum of the turns' rewards; a turn that starts a new sample is not the first,
+    follows a turn without observation tokens, and its context's ids are in the vocabulary."""
     turns = completion.turns
     for k, turn in enumerate(turns):
         if turn.context_ids:
