@@ -14,13 +14,19 @@ Isolation, strongest first, all set up before the untrusted interpreter starts:
   sockets, and background processes that leave the process group survive until their CPU limit.
 - A temporary working directory, removed afterwards; the wall-clock timeout kills the process
   group; the launcher dies with its parent (PR_SET_PDEATHSIG).
+
+No Python runs between fork and exec (no ``preexec_fn``): the caller may be multithreaded (JAX, gRPC,
+Ray), and a forked copy of a threaded process that runs Python can deadlock on a lock another thread
+held. The user switch is ``Popen``'s own (done in C), and the limits and the parent-death signal are
+set by a small launcher (`_LAUNCHER`), the first program the child executes, which then executes the
+rest of the command.
 Not isolated: the rest of the file system stays readable (and world-writable places writable);
 RLIMIT_NPROC counts every process of the sandbox user, so concurrent sandboxes share it on
 kernels older than 5.14 (newer kernels count per user namespace).
 """
 
-import ctypes
 import functools
+import json
 import logging
 import os
 import resource
@@ -37,10 +43,20 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SANDBOX_UID = 65534  # "nobody"
-_PR_SET_PDEATHSIG = 1
 _NAMESPACES = ("unshare", "--user", "--net", "--pid", "--fork", "--kill-child", "--")
 _DEAD_PROXY = "http://127.0.0.1:9"
-_LIBC = ctypes.CDLL(None, use_errno=True)
+# argv: [limits as JSON [[kind, value], ...], the parent's pid, command...]. Soft = hard: at the hard CPU
+# limit the kernel sends SIGKILL, which also ends a namespace's init (pid 1 ignores the soft limit's
+# SIGXCPU). The death signal is set after the user switch (which clears it); a parent that died before
+# it was set is caught by the pid check. prctl is not in the standard library: libc's is called.
+_LAUNCHER = """import ctypes, json, os, resource, signal, sys
+for kind, value in json.loads(sys.argv[1]):
+    resource.setrlimit(kind, (value, value))
+ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+if os.getppid() != int(sys.argv[2]):
+    sys.exit(125)
+os.execvp(sys.argv[3], sys.argv[3:])
+"""
 
 
 @dataclass(frozen=True)
@@ -99,8 +115,8 @@ def run_python(source: str, stdin: str = "", limits: SandboxLimits = SandboxLimi
         ):
             start = time.monotonic()
             process = subprocess.Popen(
-                command, cwd=workdir, env=env, stdin=stdin_file, stdout=out_file, stderr=err_file,
-                preexec_fn=functools.partial(_confine, limits, drop_privileges), start_new_session=True,
+                _confined(command, limits, drop_privileges), cwd=workdir, env=env, stdin=stdin_file,
+                stdout=out_file, stderr=err_file, start_new_session=True, **_user(drop_privileges),
             )
             try:
                 process.wait(timeout=limits.timeout_s)
@@ -118,26 +134,23 @@ def run_python(source: str, stdin: str = "", limits: SandboxLimits = SandboxLimi
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _confine(limits: SandboxLimits, drop_privileges: bool) -> None:
-    """Runs in the forked child before exec: limits, then the unprivileged user, then die-with-parent
-    (set last because changing the user clears it)."""
+def _confined(command: list[str], limits: SandboxLimits, drop_privileges: bool) -> list[str]:
+    """`command` behind the launcher that sets the limits and the parent-death signal, then executes it."""
     cpu_s = limits.cpu_s if limits.cpu_s is not None else max(1, int(-(-limits.timeout_s // 1)))
-    for kind, value in (
+    rlimits = [
         (resource.RLIMIT_CPU, cpu_s),
         (resource.RLIMIT_AS, limits.memory_mb << 20),
         (resource.RLIMIT_NPROC, limits.max_processes),
         (resource.RLIMIT_FSIZE, limits.max_file_mb << 20),
         (resource.RLIMIT_CORE, 0),
-    ):
-        # Soft = hard: at the hard CPU limit the kernel sends SIGKILL, which also ends a
-        # namespace's init (pid 1 ignores the soft limit's SIGXCPU).
-        resource.setrlimit(kind, (value, value))
-    if drop_privileges:
-        os.setgroups([])
-        os.setgid(SANDBOX_UID)
-        os.setuid(SANDBOX_UID)
-    # prctl is not in the standard library; libc's is called directly.
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    ]
+    return [_interpreter(drop_privileges), "-I", "-S", "-c", _LAUNCHER, json.dumps(rlimits), str(os.getpid()),
+            *command]
+
+
+def _user(drop_privileges: bool) -> dict[str, object]:
+    """Popen's arguments that run the child as the unprivileged sandbox user (set in C, before exec)."""
+    return {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []} if drop_privileges else {}
 
 
 def _stop(process: subprocess.Popen, in_namespace: bool) -> None:
@@ -185,10 +198,8 @@ def _namespaces_work(drop_privileges: bool) -> bool:
     if shutil.which("unshare") is None:
         log.warning("sandbox: 'unshare' not found; running code without network/PID namespaces")
         return False
-    probe = subprocess.run(
-        [*_NAMESPACES, "true"], capture_output=True, timeout=30,
-        preexec_fn=functools.partial(_confine, SandboxLimits(), drop_privileges),
-    )
+    probe = subprocess.run(_confined([*_NAMESPACES, "true"], SandboxLimits(), drop_privileges),
+                           capture_output=True, timeout=30, **_user(drop_privileges))
     if probe.returncode != 0:
         log.warning("sandbox: unshare failed (%s); running code without network/PID namespaces",
                     probe.stderr.decode(errors="replace").strip())

@@ -143,3 +143,19 @@ def test_extract_code_and_output_comparison():
     assert extract_code("print(3)") == "print(3)"
     assert same_output("1  \n2\n\n", "1\n2")
     assert not same_output("1\n2", "1\n3")
+
+
+def test_a_multithreaded_caller_with_jax_loaded_runs_no_python_between_fork_and_exec():
+    """A reward worker may have JAX (or gRPC, Ray) threads running: the sandbox starts its child with no
+    preexec_fn, so no fork handler runs (JAX's warns that a forked threaded process may deadlock)."""
+    import warnings
+
+    import jax.numpy as jnp
+
+    float(jnp.ones(4).sum())  # JAX's thread pool is up
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = run_python("import resource\nprint(resource.getrlimit(resource.RLIMIT_NPROC))",
+                            limits=SandboxLimits(**LIMITS))
+    assert result.ok and result.stdout.strip() == f"({LIMITS['max_processes']}, {LIMITS['max_processes']})"
+    assert not [w for w in caught if "fork" in str(w.message)], [str(w.message) for w in caught]
