@@ -2,7 +2,9 @@
 
 A Qwen2-shaped model is created from scratch and
   1. pretrained on plain-text sums and differences ("12+34=46", "46-12=34") to its plateau;
-  2. fine-tuned on the chat format with *sums only* ("<user>12+34<asst>" → "46<eos>");
+  2. fine-tuned on the chat format with *sums only* ("<user>12+34<asst>" → "46<eos>"), evaluated every
+     10 steps; the RL stage starts from the last evaluated step that leaves it room (held-out greedy
+     ≤ 0.30 while pass@8 ≥ 0.10: `train.handoff` in launch/configs/demo_sft.yaml);
   3. trained with GRPO by vLLM rollout actors on Ray on chat-format *differences*, which no
      supervised example shows: only the verifier (exact match) says which answer is right.
 After each stage it prints held-out accuracy (pairs excluded from every stage) on the RL task
@@ -38,7 +40,7 @@ from launch.stages import run_mode  # noqa: E402
 CONFIGS = Path(__file__).resolve().parent / "configs"
 QUICK = {  # enough to exercise every stage, not to learn
     "pretrain": ["train.steps=20", "optim.warmup_steps=2", "data.eval_examples=32"],
-    "sft": ["train.steps=5", "data.eval_examples=32"],
+    "sft": ["train.steps=5", "train.eval_every=5", "data.eval_examples=32"],
     "rl": ["train.steps=3", "train.prompts_per_step=8", "rollout.prompts_per_batch=8", "optim.warmup_steps=0",
            "train.eval_every=0", "data.eval_examples=32"],
 }
@@ -79,17 +81,31 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         run = prepare(config, stage)
         summary = run_mode(run, stage)
-        previous_hf = summary["hf_final"]
-        results[stage] = {**summary["eval"], **other_tasks(run, Path(previous_hf)),
-                          "minutes": (time.monotonic() - started) / 60}
+        previous_hf, scores = handed_off(summary)
+        results[stage] = {**scores, **other_tasks(run, Path(previous_hf)), "minutes": (time.monotonic() - started) / 60}
         print(f"\n=== after {stage}: {json.dumps(results[stage])}\n", flush=True)
 
     print(results_table(results))
+    if "start_step" in results["sft"]:
+        print(f"the RL stage started from SFT step {results['sft']['start_step']} (train.handoff)")
     Path(args.run_dir, "demo_results.json").write_text(json.dumps(results, indent=2))
     figure = plot_demo({stage: Path(args.run_dir) / stage for stage in MODES}, results,
                        Path(args.run_dir) / "demo.png")
     print(f"curves: {figure} and {args.run_dir}/<stage>/curves.png")
     return 0
+
+
+def handed_off(summary: dict) -> tuple[str, dict[str, float]]:
+    """The HF dir the next stage starts from and its held-out scores: the step train.handoff chose (with
+    `start_step`), else the stage's final export."""
+    handoff = summary.get("handoff")
+    if handoff is None:
+        return summary["hf_final"], summary["eval"]
+    if handoff["step"] is None:
+        print(f"warning: no evaluated step met the handoff rule {handoff['rule']}; the next stage starts "
+              f"from the final export", flush=True)
+        return summary["hf_final"], summary["eval"]
+    return handoff["hf_selected"], {**handoff["eval"], "start_step": handoff["step"]}
 
 
 def other_tasks(run: Run, hf_dir: Path) -> dict[str, float]:

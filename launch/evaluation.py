@@ -12,11 +12,13 @@ the environment in an isolated child process; an episode passes when its summed 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from actors.engine import RolloutEngine, SamplingSpec
@@ -187,6 +189,26 @@ def evaluate_dir(run: Run, tokenizer, hf_dir: Path, *, data: str | None = None, 
         return evaluator.evaluate()
     finally:
         evaluator.close()
+
+
+def periodic_evals(run: Run, mode: str, evaluator: Evaluator | None,
+                   weights: Callable[[], Iterator[tuple[str, np.ndarray]]], evals: dict[int, dict[str, float]],
+                   on_scores: Callable[[int, dict[str, float]], None]) -> Callable[[int, dict[str, float]], None]:
+    """A step callback: every train.eval_every steps, evaluate `weights()` (the learner's current HF-named
+    tensors) into the step's metrics and `evals`, then call `on_scores(step, scores)` (a mode's export)."""
+    every = run.config.train.eval_every
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        if evaluator is None or not every or step % every:
+            return
+        started = time.perf_counter()
+        evals[step] = evaluator.evaluate(tensors=weights())
+        metrics.update({f"eval/{k}": v for k, v in evals[step].items()})
+        metrics["eval_s"] = time.perf_counter() - started  # the learner's pause (time-to-accuracy subtracts it)
+        tqdm.write(f"[{mode}] eval at step {step}: {evals[step]}")
+        on_scores(step, evals[step])
+
+    return on_step
 
 
 def run_eval_mode(run: Run) -> dict[str, Any]:

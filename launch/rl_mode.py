@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 from contextlib import ExitStack, closing
 from dataclasses import asdict
 from typing import Any
 
 import ray
-from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from actors.stats import ActorStats
 from launch import ray_cluster
 from launch.console import Progress
-from launch.evaluation import Evaluator, evaluate_dir, make_evaluator
+from launch.evaluation import Evaluator, evaluate_dir, make_evaluator, periodic_evals
 from launch.plots import plot_run
 from launch.prompts import chat_prompt_rows
 from launch.rollout_side import fleet_enrollment_key, open_rollout_side
@@ -78,20 +76,11 @@ def held_out_evals(run: Run, loop: RLLoop, evaluator: Evaluator | None,
                    evals: dict[int, dict[str, float]]) -> StepCallback:
     """Every train.eval_every steps: evaluate the newest weights into the step's metrics and `evals`,
     and export hf_best when greedy pass@1 is the best seen."""
-    every = run.config.train.eval_every
-
-    def on_step(step: int, metrics: dict[str, float]) -> None:
-        if evaluator is None or not every or step % every:
-            return
-        started = time.perf_counter()
-        evals[step] = evaluator.evaluate(tensors=loop.trainer.hf_tensors())
-        metrics.update({f"eval/{k}": v for k, v in evals[step].items()})
-        metrics["eval_s"] = time.perf_counter() - started  # the learner's pause (time-to-accuracy subtracts it)
-        tqdm.write(f"[rl] eval at step {step}: {evals[step]}")
-        if evals[step]["pass@1_greedy"] >= max(e["pass@1_greedy"] for e in evals.values()):
+    def export_best(step: int, scores: dict[str, float]) -> None:
+        if scores["pass@1_greedy"] >= max(e["pass@1_greedy"] for e in evals.values()):
             loop.trainer.export_hf(run.run_dir / "hf_best", tokenizer_dir=run.model_dir)
 
-    return on_step
+    return periodic_evals(run, "rl", evaluator, loop.trainer.hf_tensors, evals, export_best)
 
 
 def token_report(accounting: dict[str, int], actor_stats: dict[str, Any]) -> dict[str, Any]:

@@ -43,7 +43,7 @@ def prepare_everywhere(config: TandemConfig, mode: Mode) -> Run:
     (it writes the generated data and initial model into run_dir, shared by all), then the others."""
     if mode == "eval" or not init_distributed(config.distributed):
         return prepare(config, mode)
-    if mode == "rl" and config.train.eval_every:
+    if config.train.eval_every:
         raise ConfigError("train.eval_every needs a single learner process for now (evaluate hf_final, or "
                           "run launch/eval.py on a checkpoint's export)")
     run = prepare(config, mode) if is_leader() else None

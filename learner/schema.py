@@ -149,6 +149,21 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class HandoffRule(BaseModel):
+    """Which evaluated step of a supervised stage the next stage (RL) starts from, chosen on held-out
+    numbers rather than a step count: the last one whose greedy pass@1 is at most `max_greedy` (room
+    for RL to improve) while its pass@k is at least `min_pass_at_k` (a right answer among the samples
+    for RL to find)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_greedy: float = Field(ge=0, le=1, description="held-out greedy pass@1 at most this")
+    min_pass_at_k: float = Field(ge=0, le=1, description="held-out pass@k (k = train.eval_k) at least this")
+
+    def holds(self, scores: dict[str, float], k: int) -> bool:
+        return scores["pass@1_greedy"] <= self.max_greedy and scores[f"pass@{k}"] >= self.min_pass_at_k
+
+
 class TrainConfig(Section):
     """The learner's run: steps, batches, checkpoints, evaluation (the run config's `train` section).
 
@@ -166,7 +181,11 @@ class TrainConfig(Section):
                                                      "are published once per batch")
     checkpoint_every: int = Field(50, ge=1, description="save a checkpoint every this many steps")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
-    eval_every: int = Field(0, ge=0, description="rl: evaluate every this many steps; 0 = only at the end")
+    eval_every: int = Field(0, ge=0, description="evaluate on the held-out split every this many steps (rl, "
+                                                 "sft, pretrain); 0 = only at the end")
+    handoff: HandoffRule | None = Field(None, description="sft, pretrain: export hf_selected/ at the last step "
+                                                           "evaluated (every eval_every) whose held-out scores "
+                                                           "meet this rule, for the next stage to start from")
     eval_k: int = Field(8, ge=1, description="samples per prompt for pass@k")
     eval_temperature: float | None = Field(None, ge=0, description="temperature of the held-out samples "
                                                                    "(pass@k, the pass rate); default: "
@@ -184,6 +203,12 @@ class TrainConfig(Section):
     max_fill_batches: int = Field(4, ge=1, description="rl, algo.dynamic_sampling=fill: take at most this "
                                                        "many × prompts_per_step groups per step")
     guard: GuardConfig = Field(GuardConfig(), description="rl: entropy / update-norm jump guard")
+
+    @model_validator(mode="after")
+    def _handoff_needs_evaluations(self) -> TrainConfig:
+        if self.handoff is not None and not self.eval_every:
+            raise ValueError("train.handoff chooses among evaluated steps: set train.eval_every too")
+        return self
 
 
 @dataclasses.dataclass(frozen=True)

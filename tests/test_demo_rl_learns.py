@@ -4,12 +4,12 @@ than runs differ from one another.
 
 The checkpoint it starts from is built the demo's way, unshortened: the demo's data
 (launch/arithmetic.py's defaults, 2 digits), pretraining (launch/configs/demo_pretrain.yaml, 3600
-steps), SFT (demo_sft.yaml: 60 steps, half its rows plain-text lines replayed), then the RL stage as
-configured (200 steps). The checkpoint built here for seed 0 in the test process comes out another start
-than the demo's on the same machine (0.135 after SFT, against the demo's 0.104): the RL stage's former
-80 steps of cosine decay took it only to 0.60 in a clean-clone run, its 200 steps of warmup-stable-decay
-to 0.99 outside the suite (docs/demo.md). The bar is still the gain, not the demo's figures: a start
-elsewhere is another start.
+steps), SFT (demo_sft.yaml: 60 steps, half its rows plain-text lines replayed, evaluated every 10), then
+the RL stage as configured (200 steps) from the SFT step the demo's handoff rule chose: the last one
+whose held-out greedy is at most 0.30 while pass@8 is at least 0.10. Where SFT's 60th step lands moves
+with the machine's arithmetic (XLA's CPU kernels sum in another order; seed 0 built here gave 0.135 on
+one machine and 0.377 on another), so the start is chosen on the numbers, not assumed. The bar is the
+gain, not the demo's figures: a start elsewhere is another start.
 
 An earlier version of this test saved ~100 s with 3000 pretraining steps and a quarter of the data. That
 gave the weakest start seen (greedy 0.059, pass@8 0.090), from which the outcome was bimodal: 2 runs
@@ -70,30 +70,36 @@ def demo_rl(ray_session, tmp_path_factory):
         results["sft"] = _stage("sft", root / "sft", [
             f"data.dir={data}", f"model.path={results['pretrain'][0]['hf_final']}"])
         results["rl"] = _stage("rl", root / "rl", [
-            f"data.dir={data}", f"model.path={results['sft'][0]['hf_final']}", "train.eval_every=0",
+            f"data.dir={data}", f"model.path={results['sft'][0]['handoff']['hf_selected']}", "train.eval_every=0",
             "rollout.fleet_name=test-demo-rl-learns"])
     finally:
         for handler in logging.getLogger().handlers[:]:  # prepare() logs each stage to its run dir
             if getattr(handler, "tandem_debug_log", False):
                 logging.getLogger().removeHandler(handler)
                 handler.close()
-    print("\n" + json.dumps({stage: {"seconds": round(seconds), "eval": summary.get("eval")}
+    print("\n" + json.dumps({stage: {"seconds": round(seconds), "eval": summary.get("eval"),
+                                     "handoff": summary.get("handoff")}
                              for stage, (summary, seconds) in results.items()}, indent=1))
     return {"root": root, **results}
 
 
-def test_the_checkpoint_leaves_rl_something_to_find(demo_rl):
-    """Pretraining got past its transition, and after SFT chat-format differences are rarely right
-    greedily but sometimes right among 8 samples."""
+def test_the_handoff_rule_finds_a_start_that_leaves_rl_something_to_find(demo_rl):
+    """Pretraining got past its transition, and among SFT's evaluated steps the rule found one where
+    chat-format differences are rarely right greedily but sometimes right among 8 samples: the last such."""
     tail = _losses(demo_rl["root"] / "pretrain")[-100:]
     assert sum(tail) / len(tail) < PLATEAU_LOSS, f"pretraining stopped on its plateau: {tail[-5:]}"
-    before = demo_rl["sft"][0]["eval"]
-    assert before["pass@1_greedy"] <= 0.5 - MARGIN, before
-    assert before["pass@8"] >= 0.05, before
+    sft = demo_rl["sft"][0]
+    rule, evals = sft["handoff"]["rule"], sft["evals"]
+    assert sorted(evals) == list(range(10, 61, 10))
+    met = [step for step, e in evals.items()
+           if e["pass@1_greedy"] <= rule["max_greedy"] and e["pass@8"] >= rule["min_pass_at_k"]]
+    assert met, f"no SFT step met the rule {rule}: {evals}"
+    assert sft["handoff"]["step"] == max(met) and sft["handoff"]["eval"] == evals[max(met)]
+    assert rule["max_greedy"] <= 0.5 - MARGIN
 
 
 def test_the_demo_rl_stage_raises_held_out_accuracy(demo_rl):
-    before, (summary, _) = demo_rl["sft"][0]["eval"], demo_rl["rl"]
+    before, (summary, _) = demo_rl["sft"][0]["handoff"]["eval"], demo_rl["rl"]
     after = summary["eval"]
     assert summary["steps"] == load_config(CONFIGS / "demo_rl.yaml").train.steps
     assert summary["accounting_violations"] == [] == balance_violations(summary["accounting"]), summary["accounting"]

@@ -1,6 +1,7 @@
 """Typed config: YAML + key=value overrides; unknown keys and bad values fail naming the key."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -142,3 +143,15 @@ def test_a_bad_prompt_template_fails_naming_the_key(template, why):
     with pytest.raises(ConfigError, match=r"'data\.prompt_template': .*" + why):
         load_config(None, [f"data.prompt_template={json.dumps(template)}"])
     load_config(None, [f"data.prompt_template={json.dumps('{{literal}} {prompt!s:>3}')}"])  # braces escaped
+
+
+def test_a_handoff_rule_needs_evaluations_and_holds_on_both_bounds():
+    with pytest.raises(ConfigError, match="set train.eval_every too"):
+        load_config(None, ["train.handoff={max_greedy: 0.3, min_pass_at_k: 0.1}"])
+    config = load_config(None, ["train.eval_every=10", "train.handoff={max_greedy: 0.3, min_pass_at_k: 0.1}"])
+    rule = config.train.handoff
+    assert rule.holds({"pass@1_greedy": 0.30, "pass@8": 0.10}, k=8)
+    assert not rule.holds({"pass@1_greedy": 0.31, "pass@8": 0.50}, k=8)  # no room left for RL
+    assert not rule.holds({"pass@1_greedy": 0.05, "pass@8": 0.09}, k=8)  # nothing for RL to find
+    demo = load_config(Path(__file__).resolve().parents[1] / "launch" / "configs" / "demo_sft.yaml")
+    assert demo.train.handoff is not None and demo.train.eval_every > 0
