@@ -231,6 +231,9 @@ REMOVED_KEYS = {
     "train.logprob_chunk": "use train.logits_chunk_tokens (tokens, rows × time steps, per unembedding chunk)",
     "rollout.auth_token": "use server.auth_token",
     "rollout.tls_ca_path": "use server.tls_ca_path",
+    "algo.tis_cap": "use algo.correction={kind: token_tis, cap: C} (its ratio is the learner's own pre-update policy "
+                    "over the actors')",
+    "algo.std_normalize": "use algo.estimator: grpo (divides by the group's std) or dr_grpo (does not)",
 }
 
 

@@ -56,7 +56,7 @@ def build_rl_learner(run: Run, tokenizer, writer: MetricsWriter | None = None,
         service = LearnerService(PromptSource(rows, epochs=None, seed=config.seed), config.service_config(
             vocab_size=int(trainer.loaded.hf_config["vocab_size"])), enrollment_key=enrollment_key)
         # the longest prompt completed to max_tokens (an episode: to its token budget): what a batch holding
-        # one truncated completion of it needs (RLLoop caps it at max_sequence_len and compiles that step
+        # one truncated completion of it needs (RLLoop caps it at max_sequence_len and compiles the step
         # while the actors start)
         first_len = max(len(r.prompt_ids) for r in rows) + config.completion_tokens
     checkpointer = Checkpointer(run.run_dir / "checkpoints", max_to_keep=config.train.keep_checkpoints,

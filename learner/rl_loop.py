@@ -7,8 +7,11 @@
                   (dynamic_sampling='fill': zero-signal groups are retired and counted, their lease
                    slots given back, and more are taken until P groups have signal or
                    max_fill_batches·P were taken)
-        batch   ← assemble_rl_batch(groups)        padded arrays + group-relative advantages
-        metrics ← trainer.rl_step(batch)           skipped (AdamW untouched) when nothing has signal
+        scored  ← group_advantages(rewards)        the estimator (algo.estimator), in plain sight here
+        A       ← token_advantages(groups, scored)  each turn's advantage on its tokens (algo.advantage)
+        batch   ← assemble_rl_batch(groups, A)     sequences packed into rows of train.row_tokens
+        metrics ← trainer.rl_step(batch)           skipped (AdamW untouched) when nothing has signal;
+                  train.num_iterations − 1 more updates on the batch, against its pre-update logprobs
         service.mark_consumed(groups)              prompts retired; actors told CONSUMED
         guard: an entropy / update-norm jump warns, stops the run, or rolls back to the last checkpoint
         every publish_every steps: version += 1; service.publish_weights(version, params)
@@ -35,26 +38,45 @@ from typing import Any
 
 import numpy as np
 
-from learner.algo.advantages import has_signal
-from learner.algo.rl_batch import RLBatch, assemble_rl_batch, bucket_for, pow2_buckets
+from learner.algo.advantages import group_advantages, has_signal
+from learner.algo.rl_batch import RLBatch, assemble_rl_batch, group_statistics
 from learner.algo.train_step import SKIPPED, Trainer
-from learner.algo.turn_advantages import resolve_turn_advantage
+from learner.algo.turn_advantages import TurnAdvantageFn, resolve_turn_advantage, token_advantages
 from learner.checkpoint import Checkpointer
 from learner.guard import JumpDetector
 from learner.metrics import MetricsWriter, StepCallback
 from learner.multihost import RunStopped, StepMessage, exchange, is_multiprocess
-from learner.schema import RLLoopConfig
+from learner.schema import LossConfig, RLLoopConfig
 from learner.service.server import GroupRecord, LearnerService
 
 log = logging.getLogger(__name__)
-BATCH_LAYOUT = {name: np.dtype(np.int32 if name in ("input_ids", "attention_mask") else np.float32)
-                for name in RLBatch._fields}
+BATCH_LAYOUT = {name: np.dtype(np.int32 if name in ("input_ids", "attention_mask", "segment_ids", "positions")
+                               else np.float32) for name in RLBatch._fields}
 
 # Version jump on restore; larger than any number of versions a run publishes between checkpoints.
 RESTART_VERSION_STRIDE = 1_000_000
 WAITING_WARN_S = 60.0  # a learner waiting this long for groups says why, again every this many seconds
 # With train.num_iterations > 1, these of the last update are logged too (as `<name>_last`).
 ITERATION_METRICS = ("loss", "ratio_mean", "clip_frac_low", "clip_frac_high", "update_norm")
+
+
+def group_rewards(groups: list[GroupRecord]) -> np.ndarray:
+    """[N, G] rewards of a step's groups, NaN where a completion is unscorable."""
+    sizes = {len(g.completions) for g in groups}
+    if len(sizes) != 1 or 0 in sizes:
+        raise ValueError(f"every group of a batch needs the same positive number of completions, got {sorted(sizes)}")
+    return np.array([[np.nan if c.reward is None else c.reward for c in g.completions] for g in groups], np.float64)
+
+
+def build_batch(groups: list[GroupRecord], loss: LossConfig, rule: TurnAdvantageFn, *, pad_id: int,
+                row_tokens: int, row_multiple: int, current_version: int) -> tuple[RLBatch, dict[str, float]]:
+    """A step's groups → its batch and statistics: the estimator's advantages (algo.estimator), each turn's
+    on its tokens (algo.advantage), the sequences packed into rows of `row_tokens`."""
+    scored = group_advantages(group_rewards(groups), estimator=loss.estimator, dynamic_sampling=loss.dynamic_sampling)
+    advantages = token_advantages(groups, scored, rule, std_normalize=loss.estimator in ("grpo", "reinforce_pp"))
+    batch, stats = assemble_rl_batch(groups, advantages, scored.weights, pad_id=pad_id, row_tokens=row_tokens,
+                                     row_multiple=row_multiple)
+    return batch, {**stats, **group_statistics(groups, scored, current_version)}
 
 
 class NoRolloutsError(RuntimeError):
@@ -71,12 +93,16 @@ class RLLoop:
         """`service` is None on learner processes other than 0 (multi-host): they receive each step's
         batch from process 0 (learner.multihost) and run the same steps, gathers and checkpoints.
         `compile_ahead_len`: the sequence length the first batch is expected to need (the longest
-        prompt plus max_tokens); `run` compiles the step for its length bucket while the actors sample
-        the first groups. None: the step compiles on first use."""
+        prompt plus max_tokens); `run` compiles the step for the rows such sequences would fill while the
+        actors sample the first groups. None: the step compiles on first use."""
         self.trainer, self.service, self.checkpointer, self.writer = trainer, service, checkpointer, writer
         self.config, self.pad_id, self.compile_ahead_len = config, pad_id, compile_ahead_len
         self._compiling: threading.Thread | None = None
-        self.buckets = pow2_buckets(config.max_sequence_len, min(config.min_bucket_len, config.max_sequence_len))
+        self.row_tokens = config.train.row_tokens or config.max_sequence_len
+        if self.row_tokens < config.max_sequence_len:
+            raise ValueError(f"train.row_tokens={self.row_tokens} is shorter than the longest sequence "
+                             f"({config.max_sequence_len} tokens: prompt + completion)")
+        self.row_multiple = trainer.rl_row_multiple(self.row_tokens)
         self.step = 0
         self.version = 0
         self.last_groups: list[GroupRecord] = []  # what the last step trained on (for on_step hooks)
@@ -158,11 +184,15 @@ class RLLoop:
     def _compile_ahead(self) -> None:
         """Compile the rl step in the background while the first groups are sampled: the learner would
         otherwise wait idle for them, then compile (~10 s on the demo on one CPU core, minutes for a
-        large model). The length is a guess; a batch of another length bucket compiles on first use."""
+        large model). The rows are a guess; a batch of another row count compiles on first use."""
         if self.compile_ahead_len is None or self.step >= self.config.train.steps:
             return
-        rows = self.config.train.prompts_per_step * self.config.group_size
-        length = bucket_for(min(self.compile_ahead_len, self.config.max_sequence_len), self.buckets)
+        # the first batch's rows if every sequence is as long as the longest prompt completed to max_tokens
+        per_row = max(1, self.row_tokens // min(self.compile_ahead_len, self.row_tokens))
+        sequences = self.config.train.prompts_per_step * self.config.group_size
+        packed_rows = -(-sequences // per_row)
+        rows = -(-packed_rows // self.row_multiple) * self.row_multiple
+        length = self.row_tokens
 
         def compile_step() -> None:
             started = time.perf_counter()
@@ -277,12 +307,9 @@ class RLLoop:
         started = time.perf_counter()
         batch, stats = None, {}
         if groups:  # none: dynamic_sampling='fill' found no group with signal (or not process 0)
-            batch, stats = assemble_rl_batch(
-                groups, pad_id=self.pad_id, current_version=self.version, length_buckets=self.buckets,
-                num_rows=self.config.train.prompts_per_step * self.config.group_size,
-                std_normalize=self.trainer.loss_config.std_normalize,
-                dynamic_sampling=self.trainer.loss_config.dynamic_sampling, advantage=self.advantage,
-            )
+            batch, stats = build_batch(groups, self.trainer.loss_config, self.advantage, pad_id=self.pad_id,
+                                       row_tokens=self.row_tokens, row_multiple=self.row_multiple,
+                                       current_version=self.version)
         broadcast_s = 0.0
         if is_multiprocess():
             sent = time.perf_counter()
@@ -299,16 +326,18 @@ class RLLoop:
         return metrics
 
     def _iterate(self, batch: RLBatch) -> dict[str, float]:
-        """`train.num_iterations` updates on one batch (PPO's epochs, μ in GRPO): every one takes its
-        ratio against the behaviour logprobs, so from the second on the clip limits how far the policy
-        strays from the one that sampled. The step's metrics are the first update's (the batch as it
-        arrived, comparable across μ); `*_last` say where the last update started from."""
+        """`train.num_iterations` updates on one batch (PPO's epochs, μ in GRPO). The later ones take the
+        first update's pre-update logprobs as π_old (an off-policy correction's ratio and its trust region;
+        without a correction the clip is against the behaviour logprobs), so the clip keeps binding as the
+        policy moves. The step's metrics are the first update's (the batch as it arrived, comparable
+        across μ); `*_last` say where the last update started from."""
         metrics = self.trainer.rl_step(batch)
         iterations = self.config.train.num_iterations
         if iterations == 1 or metrics.get("update_skipped"):
             return metrics
+        old_logps = self.trainer.last_logps
         for _ in range(iterations - 1):
-            last = self.trainer.rl_step(batch)
+            last = self.trainer.rl_step(batch, old_logps=old_logps)
         metrics.update({f"{key}_last": last[key] for key in ITERATION_METRICS if key in last})
         return metrics
 

@@ -8,32 +8,98 @@ declared (an attribute docstring or a pydantic description); launch's `--help` p
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from learner.guard import GuardConfig
 from tandem_wire import WEIGHT_CHUNK_BYTES
 
-Algorithm = Literal["grpo", "gspo", "gspo-token"]
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant"]
 DynamicSampling = Literal["off", "drop", "fill", "count"]
+Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
 
-ALGORITHMS: tuple[str, ...] = ("grpo", "gspo", "gspo-token")
+# The built-in policy losses (learner.algo.policy_losses); algo.algorithm also takes "package.module:function".
+ALGORITHMS: tuple[str, ...] = ("grpo", "gspo", "gspo-token", "cispo", "decoupled_ppo")
+SEQUENCE_RATIO_LOSSES: tuple[str, ...] = ("gspo", "gspo-token")
 AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant")
 DYNAMIC_SAMPLING: tuple[str, ...] = ("off", "drop", "fill", "count")
+ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
+
+
+def _known_loss(name: str) -> str:
+    if name not in ALGORITHMS and ":" not in name:
+        raise ValueError(f"must be one of {ALGORITHMS} or 'package.module:function', got {name!r}")
+    return name
+
+
+# Off-policy corrections (learner.algo.corrections): each reweights or masks the loss by the ratio
+# ρ = π_old / π_behaviour of the learner's own pre-update policy to the one the actors sampled with.
+
+
+class TokenTIS(BaseModel):
+    """Truncated importance sampling per token (Yao et al. 2025): w_t = min(ρ_t, cap)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["token_tis"] = "token_tis"
+    cap: float = Field(2.0, gt=0, description="C of w_t = min(ρ_t, C)")
+
+
+class IcePop(BaseModel):
+    """Token mask (IcePop, Ring-1T): a token whose ρ_t lies outside [low, high] leaves the loss."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["icepop"] = "icepop"
+    low: float = Field(0.5, gt=0, description="tokens with ρ_t < low are masked")
+    high: float = Field(2.0, gt=0, description="tokens with ρ_t > high are masked")
+
+
+class GeometricSequenceMask(BaseModel):
+    """Sequence mask on the geometric mean of its token ratios, exp(mean_t log ρ_t), outside [low, high]."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["seq_mask_geo"] = "seq_mask_geo"
+    low: float = Field(0.99, gt=0, description="sequences whose geometric-mean ratio is below this are masked")
+    high: float = Field(1.01, gt=0, description="sequences whose geometric-mean ratio is above this are masked")
+
+
+class SequenceTIS(BaseModel):
+    """Truncated importance sampling per sequence: w_i = min(Π_t ρ_t, cap) on every token of sequence i."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["seq_tis"] = "seq_tis"
+    cap: float = Field(2.0, gt=0, description="C of w_i = min(Π_t ρ_it, C)")
+
+
+class OffPolicySequenceMask(BaseModel):
+    """DeepSeek-V3.2's off-policy sequence mask: a sequence with negative advantage whose mean
+    log(π_behaviour / π_old) over its tokens (a KL estimate) exceeds delta leaves the loss."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["offpolicy_seq_mask"] = "offpolicy_seq_mask"
+    delta: float = Field(0.05, ge=0, description="the KL above which a negative-advantage sequence is masked")
+
+
+Correction = Annotated[TokenTIS | IcePop | GeometricSequenceMask | SequenceTIS | OffPolicySequenceMask,
+                       Field(discriminator="kind")]
+CORRECTIONS: tuple[str, ...] = ("token_tis", "icepop", "seq_mask_geo", "seq_tis", "offpolicy_seq_mask")
 
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-    """What to optimise; defaults are DeepSeekMath GRPO with token-mean aggregation and no KL."""
+    """What to optimise; defaults are DeepSeekMath GRPO with token-mean aggregation, no KL, no correction."""
 
     __pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    algorithm: Algorithm = "grpo"
-    """'grpo' (per-token ratio), 'gspo' (sequence ratio) or 'gspo-token'"""
+    algorithm: Annotated[str, AfterValidator(_known_loss)] = "grpo"
+    """the policy loss (learner.algo.policy_losses): 'grpo' (PPO's clipped token ratio), 'gspo' (sequence
+    ratio), 'gspo-token', 'cispo' (MiniMax-M1: clipped, stop-gradient IS weight on every token's
+    log-probability), 'decoupled_ppo' (AReaL: clip against the learner's own old policy, weighted by
+    π_old / π_behaviour and masked above loss_kwargs.cap), or 'package.module:function'"""
+    loss_kwargs: dict[str, float | int | bool | str] = dataclasses.field(default_factory=dict)
+    """keyword arguments of the policy loss (e.g. {cap: 5.0} for decoupled_ppo; a user's loss's own)"""
     epsilon_low: float = 0.2
-    """clip range is [1 - epsilon_low, 1 + epsilon_high]"""
+    """clip range is [1 - epsilon_low, 1 + epsilon_high] (cispo: the bounds of its IS weight)"""
     epsilon_high: float = 0.2
     """upper clip; epsilon_high > epsilon_low is DAPO's clip-higher"""
     beta: float = 0.0
@@ -43,30 +109,36 @@ class LossConfig:
     (Dr.GRPO: sum of tokens / (N_seq * constant_normalizer))"""
     constant_normalizer: float | None = None
     """L for aggregation='constant' (e.g. the max completion length)"""
-    std_normalize: bool = True
-    """divide group-centred rewards by the group std (False: Dr.GRPO)"""
-    tis_cap: float | None = None
-    """truncated importance sampling cap between the learner's own old logprobs and the actors'
-    (behaviour) logprobs; None disables it"""
+    estimator: Estimator = "grpo"
+    """the advantage estimator (learner.algo.advantages): 'grpo' (group mean and std), 'dr_grpo' (group
+    mean only), 'rloo' (leave-one-out mean), 'reinforce_pp' (REINFORCE++-baseline: group mean, then the
+    batch's std)"""
+    correction: Correction | None = None
+    """off-policy correction by the ratio of the learner's own old policy to the actors' (learner.algo.
+    corrections): {kind: token_tis, cap}, {kind: icepop, low, high}, {kind: seq_mask_geo, low, high},
+    {kind: seq_tis, cap}, {kind: offpolicy_seq_mask, delta}; None: the clip is taken against the
+    actors' policy and nothing is reweighted"""
     dynamic_sampling: DynamicSampling = "off"
     """groups whose rewards are all equal carry no signal: 'drop' removes them from the loss (and its
     denominators); 'fill' (DAPO) has the RL loop retire them and take more groups until the batch is
     full of groups with signal; 'count' keeps them and reports how many there were; 'off' keeps them"""
     advantage: str = "trajectory"
     """how a multi-turn trajectory's credit is spread over its turns: 'trajectory' (every turn gets the
-    trajectory's GRPO advantage), 'reward_to_go' (a turn gets the rewards from it on), 'per_turn_grpo'
+    trajectory's advantage), 'reward_to_go' (a turn gets the rewards from it on), 'per_turn_grpo'
     (each turn's reward normalised against the same turn of the group's other trajectories; biased, see
-    learner.algo.turn_advantages) or 'package.module:function'; only 'trajectory' goes with GSPO"""
+    learner.algo.turn_advantages) or 'package.module:function'; only 'trajectory' goes with GSPO and
+    with the rloo estimator"""
 
     def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        _known_loss(self.algorithm)
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
         if self.dynamic_sampling not in DYNAMIC_SAMPLING:
             raise ValueError(
                 f"dynamic_sampling must be one of {DYNAMIC_SAMPLING}, got {self.dynamic_sampling!r}"
             )
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
         if not (0.0 <= self.epsilon_low < 1.0) or self.epsilon_high < 0.0:
             raise ValueError(
                 f"need 0 <= epsilon_low < 1 and epsilon_high >= 0, "
@@ -76,12 +148,19 @@ class LossConfig:
             raise ValueError(f"beta must be >= 0, got {self.beta}")
         if self.aggregation == "constant" and not (self.constant_normalizer and self.constant_normalizer > 0):
             raise ValueError("aggregation='constant' needs a positive constant_normalizer")
-        if self.advantage != "trajectory" and self.algorithm != "grpo":
+        if self.advantage != "trajectory" and self.algorithm in SEQUENCE_RATIO_LOSSES:
             raise ValueError(f"advantage={self.advantage!r} gives each turn its own advantage, but "
                              f"{self.algorithm}'s sequence ratio takes one per sequence: use algorithm='grpo' "
                              "or advantage='trajectory'")
-        if self.tis_cap is not None and self.tis_cap <= 0.0:
-            raise ValueError(f"tis_cap must be positive or None, got {self.tis_cap}")
+        if self.advantage != "trajectory" and self.estimator == "rloo":
+            raise ValueError(f"advantage={self.advantage!r} spreads a group baseline over turns, but rloo's "
+                             "baseline is each completion's own (leave-one-out): use advantage='trajectory'")
+        if self.algorithm == "decoupled_ppo" and self.correction is not None:
+            raise ValueError("decoupled_ppo carries its own correction (π_old / π_behaviour, masked above "
+                             "loss_kwargs.cap): set algo.correction to null")
+        band = self.correction
+        if isinstance(band, IcePop | GeometricSequenceMask) and not band.low < band.high:
+            raise ValueError(f"correction {band.kind}: need low < high, got {band.low}, {band.high}")
 
 
 class OptimizerConfig(BaseModel):
@@ -174,6 +253,14 @@ class TrainConfig(Section):
     batch_size: int = Field(64, ge=1, description="packed rows per step (sft, pretrain)")
     prompts_per_step: int = Field(16, ge=1, description="groups per step (rl)")
     micro_batches: int = Field(1, ge=1, description="gradient accumulation: a step's batch in this many parts")
+    row_tokens: int | None = Field(None, ge=1, description="rl: tokens of a packed row; every prompt + completion "
+                                                           "is a segment of one (a row holds as many as fit); "
+                                                           "None: the longest such sequence "
+                                                           "(rollout.max_prompt_tokens + the completion's)")
+    micro_batch_tokens: int | None = Field(None, ge=1, description="rl: tokens of a micro-batch (whole rows of "
+                                                                   "row_tokens, at least one per data shard), so "
+                                                                   "activation memory is bounded whatever a "
+                                                                   "batch's tokens; None: micro_batches parts")
     num_iterations: int = Field(1, ge=1, description="rl: optimizer updates on each batch (μ of the GRPO paper; "
                                                      "TRL's and tunix's num_iterations, verl's ppo_epochs). "
                                                      "Above 1 each batch is reused, the clip bounding how far "
@@ -220,13 +307,12 @@ class RLLoopConfig:
     group_size: int
     """completions per group (G)"""
     max_sequence_len: int
-    """prompt + completion tokens, the largest length bucket"""
+    """prompt + completion tokens at their longest: the longest sequence, and a packed row's tokens unless
+    train.row_tokens says otherwise"""
     publish_every: int
     """publish new weights every this many steps"""
     batch_timeout_s: float = 900.0
     """give up when no group arrives for this long"""
-    min_bucket_len: int = 16
-    """the smallest length bucket"""
 
 
 class ServerConfig(Section):

@@ -68,5 +68,6 @@ def random_rl_batch() -> RLBatch:
     completion = attention * (np.arange(length)[None] >= 8)
     behaviour = np.where(completion > 0, rng.uniform(-4, -2, (rows, length)), 0)
     advantages = rng.normal(size=(rows, 1)) * completion  # one per completion, on its tokens
-    return RLBatch(ids, attention, completion.astype(np.float32), behaviour.astype(np.float32),
-                   advantages.astype(np.float32))
+    positions = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)) * attention
+    return RLBatch(ids, attention, attention.copy(), positions.astype(np.int32), completion.astype(np.float32),
+                   behaviour.astype(np.float32), advantages.astype(np.float32))

@@ -30,7 +30,9 @@ from config_helpers import actor_config, service_config
 from transformers import AutoTokenizer
 
 from actors.rollout_actor import RolloutActor
-from learner.algo.rl_batch import assemble_rl_batch
+from learner.algo.losses import LossConfig
+from learner.algo.turn_advantages import trajectory as trajectory_rule
+from learner.rl_loop import build_batch
 from learner.service.prompt_source import Prompt, PromptSource
 from learner.service.server import LearnerService
 from models.tokenizer import ASST_ID, USER_ID, vocab_size_for
@@ -213,9 +215,10 @@ def test_a_template_that_rewrites_earlier_turns_splits_trajectories_into_the_sam
                                                    atol=1e-3)
                     position += turn.sampled_tokens
     assert splits > 0 and actor.stats().episodes["samples_split"] == splits
-    batch, stats = assemble_rl_batch(retried, pad_id=0, current_version=1, length_buckets=(64,), num_rows=2 * G)
+    batch, stats = build_batch(retried, LossConfig(), trajectory_rule, pad_id=0, row_tokens=64, row_multiple=1,
+                               current_version=1)
     assert stats["split_samples"] == splits
-    assert batch.attention_mask.any(1).sum() == 2 * G + splits  # a row per sample
+    assert stats["sequences"] == 2 * G + splits and batch.segment_ids.max(1).sum() == 2 * G + splits  # a sample each
 
 
 def test_held_out_evaluation_plays_whole_greedy_episodes_the_model_would_play(tmp_path):

@@ -1,4 +1,5 @@
-"""Group-relative advantages: tunix's estimator, unscorable completions, Dr.GRPO, dynamic sampling."""
+"""Advantage estimators: GRPO against tunix's, Dr.GRPO, RLOO and REINFORCE++-baseline against their papers'
+formulas, unscorable completions, dynamic sampling."""
 
 from __future__ import annotations
 
@@ -33,8 +34,31 @@ def test_unscorable_completions_are_excluded_from_the_baseline_and_get_zero():
 
 def test_dr_grpo_does_not_divide_by_std():
     rewards = np.array([[1.0, 0.0, 0.0, 3.0]])
-    out = group_advantages(rewards, std_normalize=False)
+    out = group_advantages(rewards, estimator="dr_grpo")
     np.testing.assert_allclose(out.advantages, rewards - rewards.mean(), rtol=1e-6)
+
+
+def test_rloo_subtracts_the_mean_of_the_other_completions():
+    """RLOO (Ahmadian et al. 2024): A_j = R_j − (1/(n−1)) Σ_{k≠j} R_k over the scorable ones."""
+    rewards = np.array([[1.0, 0.0, 0.5, 3.0], [2.0, np.nan, 0.0, 1.0]])
+    out = group_advantages(rewards, estimator="rloo")
+    for row in range(2):
+        keep = np.flatnonzero(~np.isnan(rewards[row]))
+        r = rewards[row, keep]
+        others = np.array([np.delete(r, i).mean() for i in range(len(r))])
+        np.testing.assert_allclose(out.advantages[row, keep], r - others, rtol=1e-12)
+    assert out.advantages[1, 1] == 0.0 and out.weights[1, 1] == 0.0
+
+
+def test_reinforce_pp_divides_the_group_centred_rewards_by_the_batch_std():
+    """REINFORCE++-baseline (Hu et al. 2025): A = R − mean_group, then normalised by its std over the batch."""
+    rewards = np.array([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5], [3.0, 1.0, np.nan, 2.0]])
+    out = group_advantages(rewards, estimator="reinforce_pp", epsilon=0.0)
+    centred = rewards - np.nanmean(rewards, axis=1, keepdims=True)
+    std = np.nanstd(centred, ddof=1)  # over every scorable completion of the batch, zero-signal groups included
+    np.testing.assert_allclose(np.nan_to_num(out.advantages[~np.isnan(rewards)]),
+                               (centred / std)[~np.isnan(rewards)], rtol=1e-12)
+    assert (out.advantages[1] == 0).all() and out.num_zero_signal_groups == 1
 
 
 @pytest.mark.parametrize("mode, dropped_weight", [("off", 1.0), ("count", 1.0), ("drop", 0.0)])

@@ -1,4 +1,6 @@
-"""GRPO / GSPO / GSPO-token losses against tunix 0.1.5 and against the papers' formulas in numpy."""
+"""The RL loss against tunix 0.1.5 (GRPO, GSPO-token) and against the papers' formulas written in numpy,
+independently of the code: every policy loss, off-policy correction and aggregation, values and gradients,
+on rows that pack several sequences."""
 
 from __future__ import annotations
 
@@ -14,18 +16,17 @@ from tunix.rl import common as tunix_common
 from tunix.rl.grpo import dapo_learner, grpo_learner
 
 from learner.algo.logprobs import per_token_logprobs
-from learner.algo.losses import (
-    AGGREGATIONS,
-    LossConfig,
-    Normalizer,
-    aggregate,
-    k3_kl,
-    normalizer_for,
-    policy_loss,
-    tis_weights,
-)
+from learner.algo.losses import AGGREGATIONS, LossConfig, Normalizer, aggregate, k3_kl, normalizer_for, rl_loss
+from learner.algo.policy_losses import resolve_policy_loss
+from learner.algo.sequences import Sequences
+from learner.schema import GeometricSequenceMask, IcePop, OffPolicySequenceMask, SequenceTIS, TokenTIS
 
 VOCAB = 40
+
+
+def one_per_row(mask) -> Sequences:
+    """Sequences of an unpacked [B, T] batch: each row is one."""
+    return Sequences.of(jnp.ones(np.shape(mask), jnp.int32))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -72,17 +73,16 @@ def _tunix_loss_and_grads(model, batch, old, ref, advantages, loss_algo, agg):
 def _our_loss_and_grads(model, batch, old, ref, advantages, algorithm, agg):
     config = LossConfig(algorithm=algorithm, epsilon_low=0.2, epsilon_high=0.28, beta=0.04, aggregation=agg)
     mask = jnp.asarray(batch.completion_mask, jnp.float32)
-    norm = normalizer_for(mask)
+    seqs = one_per_row(mask)
+    norm = normalizer_for(mask, seqs)
     prompt_len = batch.prompt_ids.shape[1]
 
     def loss_fn(m):
         logps, _ = per_token_logprobs(
             m, jnp.asarray(batch.input_ids), jnp.asarray(batch.attention_mask), chunk_tokens=3
         )
-        return policy_loss(
-            logps[:, prompt_len - 1:], jnp.asarray(old), jnp.asarray(advantages), mask, config, norm,
-            ref_logps=jnp.asarray(ref),
-        )
+        return rl_loss(logps[:, prompt_len - 1:], jnp.asarray(old), jnp.asarray(advantages), mask, seqs, config,
+                       norm, resolve_policy_loss(config), ref_logps=jnp.asarray(ref))
 
     (loss, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
     return loss, metrics, grads
@@ -112,209 +112,357 @@ def test_loss_and_gradients_equal_tunix(tunix_case, tunix_algo, ours, tunix_agg,
 
 
 # ---------------------------------------------------------------------------------------------
-# Formulas in numpy
+# The papers' formulas in numpy, on packed rows: row 0 holds sequences 1 and 2, row 1 one sequence and
+# padding, row 2 three short ones.
+
+SEGMENTS = np.array([[1, 1, 1, 1, 2, 2, 2, 2, 2, 2],
+                     [1, 1, 1, 1, 1, 1, 1, 0, 0, 0],
+                     [1, 1, 1, 2, 2, 2, 3, 3, 3, 3]], np.int32)
 
 
-def _case(seed=0, b=6, t=8):
+def _case(seed=0, segments=SEGMENTS):
+    """logps, old (the learner's pre-update), behaviour, ref, mask, advantages (one per sequence, on its
+    tokens), all float64, in a packed layout: each sequence's first token is a prompt token (mask 0)."""
     rng = np.random.default_rng(seed)
-    logps = -rng.uniform(0.1, 3.0, (b, t)).astype(np.float32)
+    shape = segments.shape
+    first = np.concatenate([np.ones((shape[0], 1), bool), segments[:, 1:] != segments[:, :-1]], axis=1)
+    mask = ((segments > 0) & ~first).astype(np.float64)
+    logps = -rng.uniform(0.1, 3.0, shape)
+    seq_shift = rng.normal(0, 0.3, (shape[0], segments.max() + 1))
+    shift = np.take_along_axis(seq_shift, segments, axis=1)
     # Token noise plus a per-sequence shift, so token and sequence ratios both leave the clip range.
-    old = (logps + rng.normal(0, 0.3, (b, 1)) + rng.normal(0, 0.3, (b, t))).astype(np.float32)
-    ref = (logps + rng.normal(0, 0.3, (b, t))).astype(np.float32)
-    lens = rng.integers(1, t + 1, b)
-    lens[0] = t
-    mask = (np.arange(t)[None] < lens[:, None]).astype(np.float32)
-    adv = rng.normal(0, 1, b).astype(np.float32)
-    return logps, old, ref, mask, adv
+    old = logps + 0.5 * rng.normal(0, 0.2, shape)
+    behaviour = old + shift + rng.normal(0, 0.3, shape)
+    ref = logps + rng.normal(0, 0.3, shape)
+    seq_adv = rng.normal(0, 1, (shape[0], segments.max() + 1))
+    adv = np.take_along_axis(seq_adv, segments, axis=1) * (segments > 0)
+    return logps, old, behaviour, ref, mask, adv
 
 
-def _np_aggregate(per_token, mask, mode, const=None):
-    sums = (per_token * mask).sum(1)
-    n_seq = (mask.sum(1) > 0).sum()
+def _sequences_np(segments):
+    """[(row, columns)] of each sequence."""
+    return [(r, np.flatnonzero(segments[r] == s)) for r in range(len(segments)) for s in np.unique(segments[r]) if s]
+
+
+def _seq_mean(x, mask, segments=SEGMENTS):
+    out = np.zeros_like(x)
+    for r, cols in _sequences_np(segments):
+        out[r, cols] = (x[r, cols] * mask[r, cols]).sum() / max(mask[r, cols].sum(), 1)
+    return out
+
+
+def _seq_sum(x, segments=SEGMENTS):
+    out = np.zeros_like(x)
+    for r, cols in _sequences_np(segments):
+        out[r, cols] = x[r, cols].sum()
+    return out
+
+
+def _np_aggregate(per_token, mask, mode, const=None, segments=SEGMENTS):
+    seqs = [(r, cols) for r, cols in _sequences_np(segments) if mask[r, cols].sum() > 0]
+    sums = np.array([(per_token[r, cols] * mask[r, cols]).sum() for r, cols in seqs])
+    lens = np.array([mask[r, cols].sum() for r, cols in seqs])
     if mode == "token-mean":
         return sums.sum() / mask.sum()
     if mode == "seq-mean-token-mean":
-        return (sums / np.maximum(mask.sum(1), 1)).sum() / n_seq
+        return (sums / lens).sum() / len(seqs)
     if mode == "seq-mean-token-sum":
-        return sums.sum() / n_seq
-    return sums.sum() / (n_seq * const)
+        return sums.sum() / len(seqs)
+    return sums.sum() / (len(seqs) * const)
+
+
+def _clip_loss(r, adv, lo, hi):
+    return -np.minimum(r * adv, np.clip(r, 1 - lo, 1 + hi) * adv)
+
+
+EPS = (0.2, 0.28)
+
+
+def np_policy_loss(name, lp, old, behaviour, adv, mask, proximal, cap=5.0):
+    """ℓ per token, from the papers (notation of learner.algo.policy_losses)."""
+    lo, hi = EPS
+    if name == "grpo":
+        return _clip_loss(np.exp(lp - proximal), adv, lo, hi)
+    if name in ("gspo", "gspo-token"):  # the same value; gspo-token differs in its gradient only
+        return _clip_loss(np.exp(_seq_mean(lp - proximal, mask)), adv, lo, hi)
+    if name == "cispo":
+        return -np.clip(np.exp(lp - proximal), 1 - lo, 1 + hi) * adv * lp
+    if name == "decoupled_ppo":
+        w = np.exp(old - behaviour)
+        return (w <= cap) * w * _clip_loss(np.exp(lp - old), adv, lo, hi)
+    raise AssertionError(name)
+
+
+def np_correction(c, old, behaviour, adv, mask):
+    """(weights, keep) per token."""
+    log_rho = old - behaviour
+    rho = np.exp(log_rho)
+    ones = np.ones_like(rho)
+    if c is None:
+        return ones, ones
+    if c.kind == "token_tis":
+        return np.minimum(rho, c.cap), ones
+    if c.kind == "icepop":
+        return ones, ((rho >= c.low) & (rho <= c.high)).astype(float)
+    if c.kind == "seq_mask_geo":
+        g = np.exp(_seq_mean(log_rho, mask))
+        return ones, ((g >= c.low) & (g <= c.high)).astype(float)
+    if c.kind == "seq_tis":
+        return np.minimum(np.exp(_seq_sum(log_rho * mask)), c.cap), ones
+    if c.kind == "offpolicy_seq_mask":
+        kl = _seq_mean(behaviour - old, mask)
+        return ones, 1.0 - ((adv < 0) & (kl > c.delta)).astype(float)
+    raise AssertionError(c)
+
+
+def ours(config, lp, old, behaviour, adv, mask, ref=None, *, given_old=True, segments=SEGMENTS):
+    """(loss, metrics) of rl_loss on numpy inputs (float64 when x64 is on)."""
+    j = jnp.asarray
+    seqs = Sequences.of(j(segments))
+    return rl_loss(j(lp), j(behaviour), j(adv), j(mask), seqs, config, normalizer_for(j(mask), seqs),
+                   resolve_policy_loss(config), old_logps=j(old) if given_old else None,
+                   ref_logps=None if ref is None else j(ref))
+
+
+def finite_difference(f, x, h=1e-6):
+    grad = np.zeros_like(x)
+    for index in np.ndindex(x.shape):
+        up, down = x.copy(), x.copy()
+        up[index] += h
+        down[index] -= h
+        grad[index] = (f(up) - f(down)) / (2 * h)
+    return grad
+
+
+CORRECTIONS = [None, TokenTIS(cap=1.2), IcePop(low=0.7, high=1.4), GeometricSequenceMask(low=0.9, high=1.1),
+               SequenceTIS(cap=1.5), OffPolicySequenceMask(delta=0.05)]
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "decoupled_ppo"])
+@pytest.mark.parametrize("correction", CORRECTIONS, ids=lambda c: "none" if c is None else c.kind)
+def test_losses_with_corrections_match_numpy_in_value_and_gradient(name, correction):
+    """loss = Σ k·w·ℓ / N_tok, ℓ from the paper, (w, k) from the correction, and its gradient by central
+    differences of the numpy formula, in float64."""
+    if name == "decoupled_ppo" and correction is not None:
+        return  # refused by the config (its own correction), see test_loss_config_rejects_bad_values
+    config = LossConfig(algorithm=name, epsilon_low=EPS[0], epsilon_high=EPS[1], correction=correction,
+                        loss_kwargs={"cap": 1.6} if name == "decoupled_ppo" else {})
+    lp, old, behaviour, _, mask, adv = _case(seed=1)
+    proximal = behaviour if correction is None else old
+    weights, keep = np_correction(correction, old, behaviour, adv, mask)
+    kwargs = {"cap": 1.6} if name == "decoupled_ppo" else {}
+
+    def np_loss(x):
+        return _np_aggregate(keep * weights * np_policy_loss(name, x, old, behaviour, adv, mask, proximal, **kwargs),
+                             mask, "token-mean")
+
+    with jax.enable_x64(True):
+        loss, metrics = ours(config, lp, old, behaviour, adv, mask)
+        grad = jax.grad(lambda x: ours(config, x, old, behaviour, adv, mask)[0])(jnp.asarray(lp))
+    np.testing.assert_allclose(loss, np_loss(lp), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(grad, finite_difference(np_loss, lp), atol=1e-7)
+    assert np.abs(np.asarray(grad)).max() > 1e-3
+    if correction is not None:  # the case exercises the correction: something is capped or masked
+        assert (weights < np.exp(old - behaviour) - 1e-12).any() or (keep[mask > 0] == 0).any()
+    np.testing.assert_allclose(metrics["is_weight_mean"], (weights * keep * mask).sum() / mask.sum(), rtol=1e-10)
+
+
+def test_cispo_keeps_every_tokens_gradient_with_a_clipped_stop_gradient_weight():
+    """CISPO: ℓ_t = −sg[clip(r_t)] A_t log π_θ(y_t), so ∂L/∂logp_t = −clip(r_t) A_t / N_tok, never 0 where
+    r_t left the clip range (the tokens PPO would drop)."""
+    lp, old, behaviour, _, mask, adv = _case(seed=2)
+    config = LossConfig(algorithm="cispo", epsilon_low=EPS[0], epsilon_high=EPS[1])
+    r = np.exp(lp - behaviour)
+    expected = _np_aggregate(np_policy_loss("cispo", lp, old, behaviour, adv, mask, behaviour), mask, "token-mean")
+    with jax.enable_x64(True):
+        loss, metrics = ours(config, lp, old, behaviour, adv, mask)
+        grad = jax.grad(lambda x: ours(config, x, old, behaviour, adv, mask)[0])(jnp.asarray(lp))
+    np.testing.assert_allclose(loss, expected, rtol=1e-10)
+    np.testing.assert_allclose(grad, -np.clip(r, 1 - EPS[0], 1 + EPS[1]) * adv * mask / mask.sum(), atol=1e-12)
+    outside = ((r < 1 - EPS[0]) | (r > 1 + EPS[1])) & (mask > 0) & (adv != 0)
+    assert outside.any() and (np.asarray(grad)[outside] != 0).all()
+    np.testing.assert_allclose(metrics["ratio_mean"], (r * mask).sum() / mask.sum(), rtol=1e-10)
+
+
+def test_gspo_token_has_gspos_value_and_a_per_token_gradient():
+    """GSPO-token: s_it = sg[s_i] π_θ(y_t)/sg[π_θ(y_t)]: GSPO's value; ∂/∂logp_it = −A_it s_i / N_tok where
+    unclipped (with per-sequence advantages it equals GSPO's gradient: the paper's remark)."""
+    lp, old, behaviour, _, mask, adv = _case(seed=3)
+    wide = dict(epsilon_low=0.9, epsilon_high=10.0)  # nothing clipped
+    with jax.enable_x64(True):
+        values = {name: ours(LossConfig(algorithm=name, **wide), lp, old, behaviour, adv, mask)[0]
+                  for name in ("gspo", "gspo-token")}
+        grads = {name: jax.grad(lambda x, n=name: ours(LossConfig(algorithm=n, **wide), x, old, behaviour, adv,
+                                                        mask)[0])(jnp.asarray(lp)) for name in ("gspo", "gspo-token")}
+    np.testing.assert_allclose(values["gspo-token"], values["gspo"], rtol=1e-12)
+    s = np.exp(_seq_mean(lp - behaviour, mask))
+    np.testing.assert_allclose(grads["gspo-token"], -adv * s * mask / mask.sum(), atol=1e-12)
+    np.testing.assert_allclose(grads["gspo"], grads["gspo-token"], atol=1e-12)
+
+
+def test_gspo_sequence_ratio_is_per_packed_sequence_not_per_row():
+    """Two sequences in one row have two ratios: the same tokens laid out one per row give the same loss."""
+    lp, old, behaviour, _, mask, adv = _case(seed=4)
+    config = LossConfig(algorithm="gspo", aggregation="seq-mean-token-mean")
+    unpacked = [(r, cols) for r, cols in _sequences_np(SEGMENTS)]
+    width = max(len(cols) for _, cols in unpacked)
+
+    def spread(x):
+        out = np.zeros((len(unpacked), width))
+        for i, (r, cols) in enumerate(unpacked):
+            out[i, :len(cols)] = x[r, cols]
+        return out
+
+    segments = (spread(np.ones_like(lp)) > 0).astype(np.int32)
+    with jax.enable_x64(True):
+        packed = ours(config, lp, old, behaviour, adv, mask)[0]
+        one_per_row_loss = ours(config, *(spread(x) for x in (lp, old, behaviour, adv, mask)), segments=segments)[0]
+    np.testing.assert_allclose(packed, one_per_row_loss, rtol=1e-12)
 
 
 def test_k3_matches_formula_and_is_nonnegative():
-    logps, _, ref, _, _ = _case()
-    r = ref.astype(np.float64) - logps
+    logps, _, _, ref, _, _ = _case()
+    r = ref - logps
     np.testing.assert_allclose(k3_kl(jnp.asarray(logps), jnp.asarray(ref)), np.exp(r) - r - 1, atol=1e-6)
     assert float(k3_kl(jnp.asarray(logps), jnp.asarray(ref)).min()) >= 0.0
     np.testing.assert_allclose(k3_kl(jnp.asarray(logps), jnp.asarray(logps)), 0.0)
 
 
-def test_gspo_sequence_level_matches_paper():
-    """GSPO: s_i = exp(mean_t log(π_θ/π_old)); loss_i = −min(s_i A_i, clip(s_i) A_i); mean over i."""
-    logps, old, _, mask, adv = _case(seed=1)
-    eps_low, eps_high = 0.2, 0.25
-    s = np.exp(((logps - old) * mask).sum(1) / mask.sum(1))
-    per_seq = -np.minimum(s * adv, np.clip(s, 1 - eps_low, 1 + eps_high) * adv)
-    expected = per_seq.mean()
-    config = LossConfig(
-        algorithm="gspo", epsilon_low=eps_low, epsilon_high=eps_high, aggregation="seq-mean-token-mean"
-    )
-    loss, metrics = policy_loss(
-        jnp.asarray(logps), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask), config,
-        normalizer_for(mask),
-    )
-    np.testing.assert_allclose(loss, expected, atol=1e-6)
-    assert (s < 1 - eps_low).any() or (s > 1 + eps_high).any()  # the clip matters in this case
-    # Its gradient w.r.t. token t of sequence i: −A_i s_i / |o_i| / N when unclipped, 0 when clipped.
-    grad = jax.grad(
-        lambda lp: policy_loss(lp, jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask), config,
-                               normalizer_for(mask))[0]
-    )(jnp.asarray(logps))
-    clipped = np.where(adv > 0, s > 1 + eps_high, s < 1 - eps_low)
-    expected_grad = np.where(clipped, 0.0, -adv * s / mask.sum(1))[:, None] * mask / len(adv)
-    np.testing.assert_allclose(grad, expected_grad, atol=1e-6)
-    assert float(metrics["ratio_mean"]) == pytest.approx((s[:, None] * mask).sum() / mask.sum(), abs=1e-6)
-
-
-def test_gspo_token_has_sequence_value_and_token_gradient():
-    """GSPO-token: s_it = sg[s_i] π_θ(y_t)/sg[π_θ(y_t)]; same value as GSPO, per-token gradient."""
-    logps, old, _, mask, adv = _case(seed=2)
-    norm = normalizer_for(mask)
-    wide = dict(epsilon_low=0.9, epsilon_high=10.0, aggregation="seq-mean-token-mean")  # nothing clipped
-
-    def loss(algorithm, lp):
-        return policy_loss(lp, jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask),
-                           LossConfig(algorithm=algorithm, **wide), norm)[0]
-
-    lp = jnp.asarray(logps)
-    np.testing.assert_allclose(loss("gspo-token", lp), loss("gspo", lp), atol=1e-6)
-    s = np.exp(((logps - old) * mask).sum(1) / mask.sum(1))
-    # d/dlogp_it of −(1/N) Σ_i (1/|o_i|) Σ_t s_it A_i = −A_i s_i / (N |o_i|): with per-sequence
-    # advantages GSPO-token equals GSPO in value and gradient (the paper's remark).
-    g = jax.grad(lambda x: loss("gspo-token", x))(lp)
-    np.testing.assert_allclose(g, (-adv * s / mask.sum(1))[:, None] * mask / len(adv), atol=1e-6)
-
-
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
-def test_grpo_aggregations_match_numpy(aggregation):
-    logps, old, ref, mask, adv = _case(seed=3)
-    eps_low, eps_high, beta, const = 0.2, 0.28, 0.05, 16.0
-    r = np.exp(logps - old)
-    pg = -np.minimum(r * adv[:, None], np.clip(r, 1 - eps_low, 1 + eps_high) * adv[:, None])
-    kl = np.exp(ref - logps) - (ref - logps) - 1
-    expected = _np_aggregate(pg + beta * kl, mask, aggregation, const)
-    config = LossConfig(epsilon_low=eps_low, epsilon_high=eps_high, beta=beta, aggregation=aggregation,
+def test_grpo_aggregations_and_metrics_match_numpy(aggregation):
+    lp, old, behaviour, ref, mask, adv = _case(seed=11)  # a case that clips on both sides
+    beta, const = 0.05, 16.0
+    r = np.exp(lp - behaviour)
+    pg = _clip_loss(r, adv, *EPS)
+    kl = np.exp(ref - lp) - (ref - lp) - 1
+    config = LossConfig(epsilon_low=EPS[0], epsilon_high=EPS[1], beta=beta, aggregation=aggregation,
                         constant_normalizer=const)
-    loss, metrics = policy_loss(
-        jnp.asarray(logps), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask), config,
-        normalizer_for(mask), ref_logps=jnp.asarray(ref), entropy=jnp.ones_like(logps) * 2.0,
-    )
-    np.testing.assert_allclose(loss, expected, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(metrics["policy_loss"], _np_aggregate(pg, mask, aggregation, const), rtol=1e-5)
-    np.testing.assert_allclose(metrics["kl"], (kl * mask).sum() / mask.sum(), rtol=1e-5)
-    low = ((r < 1 - eps_low) & (adv[:, None] < 0)) * mask
-    high = ((r > 1 + eps_high) & (adv[:, None] > 0)) * mask
-    np.testing.assert_allclose(metrics["clip_frac_low"], low.sum() / mask.sum(), atol=1e-6)
-    np.testing.assert_allclose(metrics["clip_frac_high"], high.sum() / mask.sum(), atol=1e-6)
+    with jax.enable_x64(True):
+        loss, metrics = ours(config, lp, old, behaviour, adv, mask, ref)
+    np.testing.assert_allclose(loss, _np_aggregate(pg + beta * kl, mask, aggregation, const), rtol=1e-10)
+    np.testing.assert_allclose(metrics["policy_loss"], _np_aggregate(pg, mask, aggregation, const), rtol=1e-10)
+    np.testing.assert_allclose(metrics["kl"], (kl * mask).sum() / mask.sum(), rtol=1e-10)
+    low = ((r < 1 - EPS[0]) & (adv < 0)) * mask
+    high = ((r > 1 + EPS[1]) & (adv > 0)) * mask
+    np.testing.assert_allclose(metrics["clip_frac_low"], low.sum() / mask.sum(), atol=1e-12)
+    np.testing.assert_allclose(metrics["clip_frac_high"], high.sum() / mask.sum(), atol=1e-12)
     assert low.sum() > 0 and high.sum() > 0
-    np.testing.assert_allclose(metrics["entropy"], 2.0, atol=1e-6)
+    np.testing.assert_allclose(metrics["behaviour_gap"], (np.abs(lp - behaviour) * mask).sum() / mask.sum())
 
 
-def test_aggregate_rejects_unknown_mode_and_ignores_empty_rows():
+def test_correction_metrics_match_numpy():
+    """ρ = π_old/μ over the loss tokens: its mean and second moment (ESS), the k3-form KL(π_old ‖ μ) from μ's
+    samples, the capped and masked token fractions and the sequences masked whole."""
+    lp, old, behaviour, _, mask, adv = _case(seed=6)
+    rho = np.exp(old - behaviour)
+    n = mask.sum()
+    with jax.enable_x64(True):
+        _, tis = ours(LossConfig(correction=TokenTIS(cap=1.2)), lp, old, behaviour, adv, mask)
+        _, geo = ours(LossConfig(correction=GeometricSequenceMask(low=0.9, high=1.1)), lp, old, behaviour, adv, mask)
+    np.testing.assert_allclose(tis["is_ratio_mean"], (rho * mask).sum() / n, rtol=1e-10)
+    np.testing.assert_allclose(tis["is_ratio_sq_mean"], (rho**2 * mask).sum() / n, rtol=1e-10)
+    np.testing.assert_allclose(tis["kl_old_behaviour"], ((rho * np.log(rho) - rho + 1) * mask).sum() / n, rtol=1e-10)
+    np.testing.assert_allclose(tis["capped_token_frac"], ((rho > 1.2) * mask).sum() / n, rtol=1e-10)
+    assert float(tis["masked_token_frac"]) == 0.0 and float(tis["masked_seq_frac"]) == 0.0
+    _, keep = np_correction(GeometricSequenceMask(low=0.9, high=1.1), old, behaviour, adv, mask)
+    seqs = [(r, cols) for r, cols in _sequences_np(SEGMENTS) if mask[r, cols].sum() > 0]
+    masked = sum(keep[r, cols].max() == 0 for r, cols in seqs)
+    assert 0 < masked < len(seqs)
+    np.testing.assert_allclose(geo["masked_seq_frac"], masked / len(seqs), rtol=1e-10)
+    np.testing.assert_allclose(geo["masked_token_frac"], ((1 - keep) * mask).sum() / n, rtol=1e-10)
+
+
+def test_aggregate_rejects_unknown_mode_and_ignores_empty_sequences():
     per_token = jnp.ones((3, 4))
     mask = jnp.asarray([[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], jnp.float32)  # row 1 is padding
-    norm = normalizer_for(mask)
+    seqs = one_per_row(mask)
+    norm = normalizer_for(mask, seqs)
     assert float(norm.num_tokens) == 6 and float(norm.num_sequences) == 2
-    assert float(aggregate(per_token, mask, norm, "seq-mean-token-mean")) == pytest.approx(1.0)
-    assert float(aggregate(per_token, mask, norm, "seq-mean-token-sum")) == pytest.approx(3.0)
+    assert float(aggregate(per_token, mask, norm, "seq-mean-token-mean", seqs)) == pytest.approx(1.0)
+    assert float(aggregate(per_token, mask, norm, "seq-mean-token-sum", seqs)) == pytest.approx(3.0)
     with pytest.raises(ValueError, match="aggregation"):
-        aggregate(per_token, mask, norm, "sum")
+        aggregate(per_token, mask, norm, "sum", seqs)
 
 
 # ---------------------------------------------------------------------------------------------
 # Micro-batch accumulation
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "gspo", "gspo-token"])
-@pytest.mark.parametrize("aggregation", AGGREGATIONS)
-def test_micro_batches_sum_to_full_batch(algorithm, aggregation):
-    """Σ over micro-batches of (loss, grad, metrics) with global normalisers == full-batch values."""
-    logps, old, ref, mask, adv = _case(seed=4, b=8)
-    mask[5] = 0.0  # an empty (padding) row must not count as a sequence anywhere
-    config = LossConfig(algorithm=algorithm, beta=0.02, aggregation=aggregation, constant_normalizer=8.0,
-                        epsilon_high=0.28, tis_cap=2.0)
-    norm = normalizer_for(mask)
+LOSSES = ["grpo", "gspo", "gspo-token", "cispo"]
 
-    def run(sl, normalizer):
-        def f(lp):
-            return policy_loss(lp, jnp.asarray(old[sl]), jnp.asarray(adv[sl]), jnp.asarray(mask[sl]), config,
-                               normalizer, ref_logps=jnp.asarray(ref[sl]),
-                               learner_old_logps=jnp.asarray(old[sl] + 0.1))
-        (loss, metrics), grad = jax.value_and_grad(f, has_aux=True)(jnp.asarray(logps[sl]))
+
+@pytest.mark.parametrize("algorithm, aggregation, correction", [
+    *((name, aggregation, None) for name in LOSSES for aggregation in AGGREGATIONS),
+    *((name, "seq-mean-token-mean", c) for name in LOSSES for c in (SequenceTIS(cap=1.5), IcePop(low=0.7, high=1.4))),
+], ids=str)
+def test_micro_batches_sum_to_full_batch(algorithm, aggregation, correction):
+    """Σ over micro-batches (of rows) of (loss, grad, metrics) with global normalisers == full-batch values."""
+    segments = np.tile(SEGMENTS, (3, 1))
+    segments[4] = 0  # a padding row must not count as a sequence anywhere
+    lp, old, behaviour, ref, mask, adv = _case(seed=7, segments=segments)
+    config = LossConfig(algorithm=algorithm, beta=0.02, aggregation=aggregation, constant_normalizer=8.0,
+                        epsilon_high=0.28, correction=correction)
+    j = jnp.asarray
+    seqs = Sequences.of(j(segments))
+    norm = normalizer_for(j(mask, jnp.float32), seqs)
+
+    def run(rows, normalizer):
+        def f(x):
+            part = Sequences.of(j(segments[rows]))
+            return rl_loss(x, j(behaviour[rows], jnp.float32), j(adv[rows], jnp.float32), j(mask[rows], jnp.float32),
+                           part, config, normalizer, resolve_policy_loss(config),
+                           old_logps=j(old[rows], jnp.float32), ref_logps=j(ref[rows], jnp.float32))
+        (loss, metrics), grad = jax.value_and_grad(f, has_aux=True)(j(lp[rows], jnp.float32))
         return loss, metrics, grad
 
     full_loss, full_metrics, full_grad = run(slice(None), norm)
-    parts = [run(slice(i, i + 3), norm) for i in range(0, 8, 3)]  # uneven micro-batches: 3, 3, 2
+    parts = [run(slice(i, i + 4), norm) for i in range(0, 9, 4)]  # uneven micro-batches: 4, 4, 1
     np.testing.assert_allclose(sum(p[0] for p in parts), full_loss, atol=1e-6)
     np.testing.assert_allclose(np.concatenate([p[2] for p in parts]), full_grad, atol=1e-6)
     for key, value in full_metrics.items():
-        np.testing.assert_allclose(sum(p[1][key] for p in parts), value, atol=1e-6, err_msg=key)
+        np.testing.assert_allclose(sum(p[1][key] for p in parts), value, atol=1e-5, err_msg=key)
     # A micro-batch normalised by itself would give a different answer (the test can fail).
-    own = [run(slice(i, i + 3), normalizer_for(mask[i:i + 3]))[0] for i in range(0, 8, 3)]
+    own = [run(slice(i, i + 4), normalizer_for(j(mask[i:i + 4], jnp.float32), Sequences.of(j(segments[i:i + 4]))))[0]
+           for i in range(0, 9, 4)]
     assert abs(float(sum(own)) - float(full_loss)) > 1e-4
 
 
 # ---------------------------------------------------------------------------------------------
-# Truncated importance sampling
+# The learner's old policy
 
 
-def test_tis_weights_are_capped_and_stop_gradient():
-    learner_old = jnp.asarray([0.0, -1.0, -2.0, -0.1])
-    behaviour = jnp.asarray([-3.0, -1.0, -1.0, -0.2])
-    w = tis_weights(learner_old, behaviour, cap=2.0)
-    np.testing.assert_allclose(w, [2.0, 1.0, np.exp(-1.0), np.exp(0.1)], rtol=1e-6)
-    assert float(jax.grad(lambda x: tis_weights(x, behaviour, 2.0).sum())(learner_old).sum()) == 0.0
-
-
-def test_tis_loss_uses_learner_ratio_and_capped_weights():
-    logps, behaviour, _, mask, adv = _case(seed=5)
-    learner_old = (logps + np.random.default_rng(1).normal(0, 0.1, logps.shape)).astype(np.float32)
-    cap = 1.5
-    w = np.minimum(np.exp(learner_old - behaviour), cap)
-    r = np.exp(logps - learner_old)
-    pg = -np.minimum(r * adv[:, None], np.clip(r, 0.8, 1.2) * adv[:, None]) * w
-    config = LossConfig(tis_cap=cap)
-    loss, metrics = policy_loss(
-        jnp.asarray(logps), jnp.asarray(behaviour), jnp.asarray(adv), jnp.asarray(mask), config,
-        normalizer_for(mask), learner_old_logps=jnp.asarray(learner_old),
-    )
-    np.testing.assert_allclose(loss, (pg * mask).sum() / mask.sum(), rtol=1e-5)
-    np.testing.assert_allclose(metrics["tis_weight_mean"], (w * mask).sum() / mask.sum(), rtol=1e-5)
-    np.testing.assert_allclose(metrics["behaviour_gap"], (np.abs(logps - behaviour) * mask).sum() / mask.sum(),
-                               rtol=1e-5)
-    assert (np.exp(learner_old - behaviour) > cap).any()  # the cap is active in this case
-    # Without learner_old_logps the learner's π_old is sg[π_θ]: ratio 1, weight min(π_θ/π_behaviour, C).
-    loss_default, _ = policy_loss(
-        jnp.asarray(logps), jnp.asarray(behaviour), jnp.asarray(adv), jnp.asarray(mask), config,
-        normalizer_for(mask),
-    )
-    w0 = np.minimum(np.exp(logps - behaviour), cap)
-    np.testing.assert_allclose(loss_default, (-adv[:, None] * w0 * mask).sum() / mask.sum(), rtol=1e-5)
+def test_without_old_logps_the_old_policy_is_the_current_one():
+    """On a batch's first update π_old = sg[π_θ]: with token TIS the ratio is 1 and the weight is
+    min(π_θ/μ, C), so the loss is −Σ w A / N and its gradient −w A / N (the weight is stop-gradient)."""
+    lp, old, behaviour, _, mask, adv = _case(seed=8)
+    config = LossConfig(correction=TokenTIS(cap=1.5))
+    w = np.minimum(np.exp(lp - behaviour), 1.5)
+    with jax.enable_x64(True):
+        loss, metrics = ours(config, lp, old, behaviour, adv, mask, given_old=False)
+        grad = jax.grad(lambda x: ours(config, x, old, behaviour, adv, mask, given_old=False)[0])(jnp.asarray(lp))
+    np.testing.assert_allclose(loss, (-adv * w * mask).sum() / mask.sum(), rtol=1e-10)
+    np.testing.assert_allclose(grad, -adv * w * mask / mask.sum(), atol=1e-12)
+    assert float(metrics["ratio_mean"]) == pytest.approx(1.0)
 
 
 # ---------------------------------------------------------------------------------------------
-# Configuration and argument errors
+# Configuration, plug-ins and argument errors
 
 
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"algorithm": "ppo"}, "algorithm"),
+        ({"algorithm": "ppo"}, "algorithm|one of"),
         ({"aggregation": "sum"}, "aggregation"),
         ({"aggregation": "constant"}, "constant_normalizer"),
         ({"dynamic_sampling": "yes"}, "dynamic_sampling"),
+        ({"estimator": "ppo"}, "estimator"),
         ({"epsilon_low": 1.0}, "epsilon"),
         ({"beta": -0.1}, "beta"),
-        ({"tis_cap": 0.0}, "tis_cap"),
+        ({"algorithm": "decoupled_ppo", "correction": TokenTIS()}, "carries its own correction"),
+        ({"correction": IcePop(low=2.0, high=1.0)}, "low < high"),
+        ({"advantage": "reward_to_go", "estimator": "rloo"}, "leave-one-out"),
+        ({"advantage": "reward_to_go", "algorithm": "gspo"}, "sequence ratio"),
     ],
 )
 def test_loss_config_rejects_bad_values(kwargs, match):
@@ -322,13 +470,33 @@ def test_loss_config_rejects_bad_values(kwargs, match):
         LossConfig(**kwargs)
 
 
-def test_policy_loss_argument_errors():
-    logps, old, _, mask, adv = _case()
-    norm = Normalizer(jnp.asarray(mask.sum()), jnp.asarray(float(len(adv))))
+def user_loss(t, config, scale: float = 1.0):
+    """A user's loss (referenced as 'test_learner_losses:user_loss'): REINFORCE on the advantage."""
+    return -scale * t.advantages * t.logps, {"scaled": jnp.full_like(t.logps, scale)}
+
+
+def test_a_users_loss_is_resolved_by_reference_with_its_kwargs():
+    lp, old, behaviour, _, mask, adv = _case(seed=9)
+    config = LossConfig(algorithm="test_learner_losses:user_loss", loss_kwargs={"scale": 2.0})
+    with jax.enable_x64(True):
+        loss, metrics = ours(config, lp, old, behaviour, adv, mask)
+    np.testing.assert_allclose(loss, (-2.0 * adv * lp * mask).sum() / mask.sum(), rtol=1e-10)
+    assert float(metrics["scaled"]) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="does not take algo.loss_kwargs"):
+        resolve_policy_loss(LossConfig(algorithm="test_learner_losses:user_loss", loss_kwargs={"temperature": 1}))
+    with pytest.raises(ValueError, match="has no attribute"):
+        resolve_policy_loss(LossConfig(algorithm="test_learner_losses:nothing_here"))
+
+
+def test_rl_loss_argument_errors():
+    lp, old, behaviour, _, mask, adv = _case()
+    j = jnp.asarray
+    seqs = Sequences.of(j(SEGMENTS))
+    norm = Normalizer(j(mask.sum()), j(5.0))
+    config = LossConfig(beta=0.1)
     with pytest.raises(ValueError, match="ref_logps"):
-        policy_loss(jnp.asarray(logps), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask),
-                    LossConfig(beta=0.1), norm)
+        rl_loss(j(lp), j(behaviour), j(adv), j(mask), seqs, config, norm, resolve_policy_loss(config))
     with pytest.raises(ValueError, match="advantages"):
-        policy_loss(jnp.asarray(logps), jnp.asarray(old), jnp.asarray(adv[:-1]), jnp.asarray(mask),
-                    LossConfig(), norm)
+        rl_loss(j(lp), j(behaviour), j(adv[:, :-1]), j(mask), seqs, LossConfig(), norm,
+                resolve_policy_loss(LossConfig()))
     assert dataclasses.is_dataclass(LossConfig) and LossConfig().beta == 0.0

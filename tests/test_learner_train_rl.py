@@ -1,5 +1,6 @@
-"""RL batch assembly and the RL step: padded layout, advantages, statistics, and a GRPO step that
-raises the likelihood of positive-advantage completions."""
+"""RL batch assembly and the RL step: the packed layout, advantages, statistics; a GRPO step that raises the
+likelihood of positive-advantage completions; packed equals padded; the learner's own old policy when a
+batch takes several updates (train.num_iterations)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ import pytest
 from flax import nnx
 from learner_train_helpers import tiny_model_dir
 
-from learner.algo.logprobs import per_token_logprobs
+from learner.algo.logprobs import logprobs_from_hidden
 from learner.algo.losses import LossConfig
 from learner.algo.optim import OptimizerConfig
-from learner.algo.rl_batch import assemble_rl_batch, pow2_buckets
-from learner.algo.train_step import Trainer
+from learner.algo.rl_batch import pack
+from learner.algo.train_step import Trainer, packed_hidden
+from learner.algo.turn_advantages import trajectory
+from learner.mesh import shard_rows
+from learner.rl_loop import build_batch
+from learner.schema import TokenTIS
 from learner.service.group_validation import CompletionRecord, TurnRecord
 from models.jax_model import load_model, make_mesh
 
@@ -52,29 +57,38 @@ def _group(gid: str, prompt: list[int], completions: list[list[int]], rewards: l
                                         for c, r in zip(completions, rewards, strict=True)])
 
 
-def test_assembly_layout_advantages_and_statistics():
+def _assemble(groups, *, row_tokens, row_multiple=1, current_version=4, dynamic_sampling="off"):
+    """What the RL loop does with a step's groups (GRPO's estimator, the trajectory rule)."""
+    return build_batch(groups, LossConfig(dynamic_sampling=dynamic_sampling), trajectory, pad_id=PAD,
+                       row_tokens=row_tokens, row_multiple=row_multiple, current_version=current_version)
+
+
+def test_packed_layout_advantages_and_statistics():
     groups = [
         _group("a", [1, 3, 7], [[8, 9, 2], [8, 2], [9, 9, 9, 2], [2]], [1.0, 0.0, None, 0.0], version=3),
         _group("b", [1, 3, 6, 6], [[5, 2], [5, 5], [6], [7, 2]], [1.0, 1.0, 1.0, 1.0], version=1),
     ]
-    batch, stats = assemble_rl_batch(groups, pad_id=PAD, current_version=4, length_buckets=(8, 16),
-                                     num_rows=10, dynamic_sampling="drop")
-    assert batch.input_ids.shape == (10, 8) and batch.advantages.shape == (10, 8)
-    # row 2: prompt then completion, right-padded; mask and behaviour logprobs on completion tokens only
-    np.testing.assert_array_equal(batch.input_ids[2], [1, 3, 7, 9, 9, 9, 2, PAD])
-    np.testing.assert_array_equal(batch.attention_mask[0], [1, 1, 1, 1, 1, 1, 0, 0])
-    np.testing.assert_array_equal(batch.completion_mask[0], [0, 0, 0, 1, 1, 1, 0, 0])
-    np.testing.assert_allclose(batch.behaviour_logps[0], [0, 0, 0, -1.0, -1.1, -1.2, 0, 0])
+    batch, stats = _assemble(groups, row_tokens=16, row_multiple=2, dynamic_sampling="drop")
+    # 8 sequences of 7, 6, 6, 6, 6, 5, 5, 4 tokens, first-fit decreasing into rows of 16: 3 rows, rounded to 4
+    assert batch.input_ids.shape == (4, 16) and batch.advantages.shape == (4, 16)
+    # row 0: a's third completion (7 tokens, the longest), then a's first; each its own segment, positions
+    # restarting, mask and behaviour logprobs on completion tokens only
+    np.testing.assert_array_equal(batch.input_ids[0], [1, 3, 7, 9, 9, 9, 2, 1, 3, 7, 8, 9, 2, PAD, PAD, PAD])
+    np.testing.assert_array_equal(batch.segment_ids[0], [1] * 7 + [2] * 6 + [0] * 3)
+    np.testing.assert_array_equal(batch.positions[0], [*range(7), *range(6), 0, 0, 0])
+    np.testing.assert_array_equal(batch.attention_mask[0], [1] * 13 + [0] * 3)
+    np.testing.assert_array_equal(batch.completion_mask[0], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0])
+    np.testing.assert_allclose(batch.behaviour_logps[0, 10:13], [-1.0, -1.1, -1.2])
     # group a: scorable rewards [1, 0, 0] → baseline 1/3, std of [1,0,0]; the unscorable one is out
     scorable = np.array([1.0, 0.0, 0.0])
     expected = (scorable - scorable.mean()) / (scorable.std(ddof=1) + 1e-4)
-    np.testing.assert_allclose(batch.advantages[[0, 1, 3], 3], expected, rtol=1e-6)
-    # a completion's advantage is on each of its tokens, and nowhere else
-    np.testing.assert_allclose(batch.advantages[0], expected[0] * batch.completion_mask[0], rtol=1e-6)
-    assert (batch.advantages[2] == 0).all() and batch.completion_mask[2].sum() == 0
-    # group b has equal rewards: zero signal, dropped from the loss; padding rows are empty
-    assert (batch.advantages[4:] == 0).all() and batch.completion_mask[4:].sum() == 0
-    assert (batch.input_ids[8:] == PAD).all() and batch.attention_mask[8:].sum() == 0
+    np.testing.assert_allclose(batch.advantages[0, 10:13], expected[0], rtol=1e-6)
+    assert (batch.advantages[0, :7] == 0).all()  # the unscorable completion: no advantage, out of the loss
+    # rows 1 and 2 hold b's four (equal rewards: zero signal, dropped) with a's second and fourth
+    a_tokens = batch.completion_mask[1:3] > 0
+    np.testing.assert_allclose(sorted(batch.advantages[1:3][a_tokens]), [expected[1]] * 3, rtol=1e-6)
+    assert a_tokens.sum() == 2 + 1 and batch.segment_ids[1:3].max() == 3
+    assert (batch.input_ids[3] == PAD).all() and batch.attention_mask[3].sum() == 0  # the rounding row
     assert stats["zero_signal_group_frac"] == 0.5
     assert stats["unscorable_completions"] == 1
     assert stats["reward_mean"] == pytest.approx(np.mean([1, 0, 0, 1, 1, 1, 1]))
@@ -84,7 +98,33 @@ def test_assembly_layout_advantages_and_statistics():
     assert {k: v for k, v in stats.items() if k.startswith("staleness_groups/")} == {
         "staleness_groups/0": 0, "staleness_groups/1": 1, "staleness_groups/2": 0, "staleness_groups/3": 1}
     assert stats["loss_tokens"] == 3 + 2 + 1
+    assert (stats["sequences"], stats["rows"]) == (8, 4)
+    assert stats["padding_fraction"] == pytest.approx(1 - 45 / 64)
     assert "turns_mean" not in stats  # single-turn batches have no turn statistics
+
+
+def test_first_fit_decreasing_packs_longest_first_and_refuses_what_no_row_holds():
+    assert pack([3, 9, 4, 6, 2], 10) == [[1], [3, 2], [0, 4]]  # 9 | 6+4 | 3+2
+    assert pack([5, 5, 5], 10) == [[0, 1], [2]]  # ties keep their order
+    with pytest.raises(ValueError, match="exceeds a row of 10"):
+        pack([4, 11], 10)
+
+
+def test_packing_pads_under_five_percent_on_gsm8k_shaped_lengths():
+    """GSM8K-shaped RL batches (the qwen config's: prompts of ~60-250 tokens, 8 completions each of up to
+    512, most short, a few truncated): packed into rows of the longest sequence, padding is under 5 % of
+    the tokens; padded one per row to power-of-two buckets (what the learner did before) it was most."""
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(60, 250, 32)
+    completions = np.minimum(rng.lognormal(np.log(180), 0.6, (32, 8)).astype(int) + 1, 512)
+    lengths = (prompts[:, None] + completions).ravel()
+    row_tokens = 250 + 512
+    rows = pack(list(lengths), row_tokens)
+    packed_padding = 1 - lengths.sum() / (len(rows) * row_tokens)
+    bucket = 2 ** int(np.ceil(np.log2(lengths.max())))
+    padded_padding = 1 - lengths.sum() / (len(lengths) * bucket)
+    assert packed_padding <= 0.05, packed_padding
+    assert padded_padding > 0.5, padded_padding
 
 
 def test_multi_turn_rows_hold_every_turn_and_observation_with_the_observations_out_of_the_loss():
@@ -92,7 +132,7 @@ def test_multi_turn_rows_hold_every_turn_and_observation_with_the_observations_o
     multi = CompletionRecord([8, 2, 4, 5, 6, 9], [-0.1, -0.2, 0, 0, 0, -0.3], "stop", 1.0, None, turns=turns)
     single = CompletionRecord([9, 2], [-0.5, -0.6], "stop", 0.0, None)
     group = Group("m", 3, [1, 3], [multi, single])
-    batch, stats = assemble_rl_batch([group], pad_id=PAD, current_version=4, length_buckets=(8,))
+    batch, stats = _assemble([group], row_tokens=8)
     np.testing.assert_array_equal(batch.input_ids[0], [1, 3, 8, 2, 4, 5, 6, 9])
     np.testing.assert_array_equal(batch.attention_mask[0], [1] * 8)
     advantage = 1 / np.sqrt(2)  # rewards [1, 0]: ±(0.5 / std) with the unbiased std √0.5
@@ -104,42 +144,36 @@ def test_multi_turn_rows_hold_every_turn_and_observation_with_the_observations_o
     assert (stats["turns_mean"], stats["turns_max"], stats["observation_tokens"]) == (1.5, 2.0, 3.0)
 
 
-def test_a_trajectory_split_by_its_template_takes_a_row_per_sample_with_its_own_prompt():
+def test_a_trajectory_split_by_its_template_takes_a_sequence_per_sample_with_its_own_prompt():
     # turn 1 samples [8, 2]; the template could not extend the conversation, so turn 2 was sampled from
-    # the conversation rendered afresh ([1, 3, 8, 2, 4, 5]) and its sample's row starts there
+    # the conversation rendered afresh ([1, 3, 8, 2, 4, 5]) and its sample starts there
     turns = [TurnRecord(2, 0, 3, reward=0.0), TurnRecord(2, 0, 3, reward=1.0, context_ids=[1, 3, 8, 2, 4, 5])]
     split = CompletionRecord([8, 2, 6, 9], [-0.1, -0.2, -0.3, -0.4], "stop", 1.0, None, turns=turns)
     single = CompletionRecord([9, 2], [-0.5, -0.6], "stop", 0.0, None)
     group = Group("s", 3, [1, 3], [split, single])
-    batch, stats = assemble_rl_batch([group], pad_id=PAD, current_version=3, length_buckets=(8,), num_rows=2)
-    assert batch.input_ids.shape == (4, 8)  # 3 samples: the rows round up to a multiple of num_rows
-    np.testing.assert_array_equal(batch.input_ids[0], [1, 3, 8, 2, PAD, PAD, PAD, PAD])
-    np.testing.assert_array_equal(batch.input_ids[1], [1, 3, 8, 2, 4, 5, 6, 9])
-    np.testing.assert_array_equal(batch.input_ids[2], [1, 3, 9, 2, PAD, PAD, PAD, PAD])
-    np.testing.assert_allclose(batch.completion_mask[1], [0, 0, 0, 0, 0, 0, 1, 1])
-    np.testing.assert_allclose(batch.behaviour_logps[1], [0, 0, 0, 0, 0, 0, -0.3, -0.4], rtol=1e-6)
+    batch, stats = _assemble([group], row_tokens=8, row_multiple=2)
+    assert batch.input_ids.shape == (2, 8)  # 8 + (4 + 4) tokens: two rows
+    np.testing.assert_array_equal(batch.input_ids[0], [1, 3, 8, 2, 4, 5, 6, 9])
+    np.testing.assert_array_equal(batch.input_ids[1], [1, 3, 8, 2, 1, 3, 9, 2])
+    np.testing.assert_array_equal(batch.segment_ids[1], [1, 1, 1, 1, 2, 2, 2, 2])
+    np.testing.assert_allclose(batch.completion_mask[0], [0, 0, 0, 0, 0, 0, 1, 1])
+    np.testing.assert_allclose(batch.behaviour_logps[0], [0, 0, 0, 0, 0, 0, -0.3, -0.4], rtol=1e-6)
     advantage = 1 / np.sqrt(2)  # both samples of the trajectory carry its advantage
     np.testing.assert_allclose(batch.advantages[0], advantage * batch.completion_mask[0], rtol=1e-3)
-    np.testing.assert_allclose(batch.advantages[1], advantage * batch.completion_mask[1], rtol=1e-3)
-    assert not batch.attention_mask[3].any() and stats["split_samples"] == 1 and stats["loss_tokens"] == 6
+    np.testing.assert_allclose(batch.advantages[1, :4], advantage * batch.completion_mask[1, :4], rtol=1e-3)
+    assert stats["split_samples"] == 1 and stats["loss_tokens"] == 6 and stats["sequences"] == 3
 
 
-def test_assembly_picks_the_smallest_bucket_and_rejects_bad_groups():
-    assert pow2_buckets(100, 16) == (16, 32, 64, 100)
+def test_assembly_rejects_bad_groups():
     group = _group("a", [1, 3], [[5, 2], [6, 2]], [1.0, 0.0])
-    batch, _ = assemble_rl_batch([group], pad_id=PAD, current_version=3, length_buckets=(16, 4, 8))
-    assert batch.input_ids.shape == (2, 4)
-    with pytest.raises(ValueError, match="largest length bucket"):
-        assemble_rl_batch([group], pad_id=PAD, current_version=3, length_buckets=(3,))
+    with pytest.raises(ValueError, match="exceeds a row"):
+        _assemble([group], row_tokens=3)
     with pytest.raises(ValueError, match="same positive number"):
-        assemble_rl_batch([group, _group("b", [1], [[5]], [1.0])], pad_id=PAD, current_version=3,
-                          length_buckets=(8,))
+        _assemble([group, _group("b", [1], [[5]], [1.0])], row_tokens=8)
     broken = _group("c", [1], [[5, 2], [6]], [1.0, 0.0])
     broken.completions[0].logprobs = [-1.0]
     with pytest.raises(ValueError, match="behaviour logprobs"):
-        assemble_rl_batch([broken], pad_id=PAD, current_version=3, length_buckets=(8,))
-    with pytest.raises(ValueError, match="num_rows"):
-        assemble_rl_batch([group], pad_id=PAD, current_version=3, length_buckets=(8,), num_rows=1)
+        _assemble([broken], row_tokens=8)
 
 
 @pytest.fixture(scope="module")
@@ -148,19 +182,20 @@ def hf_dir(tmp_path_factory):
 
 
 @nnx.jit
-def _logprobs(model, input_ids, attention_mask):
-    return per_token_logprobs(model, input_ids, attention_mask, chunk_tokens=None)[0]
+def _logprobs(model, input_ids, segment_ids, positions):
+    hidden = packed_hidden(model, input_ids, segment_ids, positions)[:, :-1]
+    return logprobs_from_hidden(model, hidden, input_ids[:, 1:], chunk_tokens=None)[0]
 
 
 def _batch_logprobs(model, mesh, batch) -> np.ndarray:
-    """[B, T-1] log p(token t+1 | ≤ t) under `model`, temperature 1."""
+    """[B, T-1] log p(token t+1 | ≤ t within its sequence) under `model`, temperature 1."""
     with jax.set_mesh(mesh):
-        return np.asarray(_logprobs(model, jnp.asarray(batch.input_ids),
-                                    jnp.asarray(batch.attention_mask)))
+        return np.asarray(_logprobs(model, *(jnp.asarray(x) for x in (batch.input_ids, batch.segment_ids,
+                                                                      batch.positions))))
 
 
-def _on_policy_batch(model, mesh):
-    """Two prompts × 4 completions; behaviour logprobs = the model's own (on-policy, temperature 1)."""
+def _on_policy_batch(model, mesh, row_tokens=16):
+    """Two prompts × 4 completions, packed; behaviour logprobs = the model's own (on-policy, temperature 1)."""
     rng = np.random.default_rng(1)
     prompts = [[1, 3, 6, 15, 7, 4], [1, 3, 8, 15, 9, 4]]
     rewards = [[1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 1.0, 0.0]]
@@ -168,7 +203,7 @@ def _on_policy_batch(model, mesh):
     for g, prompt in enumerate(prompts):
         completions = [list(rng.integers(5, 20, size=n)) + [2] for n in (3, 5, 4, 2)]
         groups.append(_group(f"g{g}", prompt, completions, rewards[g], version=0))
-    batch, stats = assemble_rl_batch(groups, pad_id=PAD, current_version=0, length_buckets=(16,))
+    batch, stats = _assemble(groups, row_tokens=row_tokens, current_version=0)
     logps = _batch_logprobs(model, mesh, batch)
     behaviour = np.zeros_like(batch.behaviour_logps)
     behaviour[:, 1:] = np.where(batch.completion_mask[:, 1:] > 0, logps, 0.0)
@@ -261,3 +296,76 @@ def test_a_step_compiled_ahead_starts_without_compiling_and_updates_as_before(hf
         jax.monitoring.unregister_event_listener(on_event)
     for cold, warm in zip(params[False], params[True], strict=True):
         np.testing.assert_array_equal(cold, warm)
+
+
+def _loss_and_grads(trainer, batch):
+    """The rl loss of a whole batch (one micro-batch) and its gradient w.r.t. the master weights."""
+    with jax.set_mesh(trainer.mesh):
+        arrays = shard_rows(trainer.mesh, batch._asdict())
+        norm = trainer._normalizer(arrays, "rl")
+        (loss, (metrics, _)), grads = jax.value_and_grad(trainer._rl_loss, has_aux=True)(
+            trainer.state.params, arrays, norm, None, given_old=False)
+        return float(loss), metrics, [np.asarray(g) for g in jax.tree.leaves(grads)]
+
+
+@pytest.mark.parametrize("loss", [LossConfig(), LossConfig(algorithm="gspo", aggregation="seq-mean-token-mean"),
+                                  LossConfig(correction=TokenTIS(cap=1.1))], ids=["grpo", "gspo", "token_tis"])
+def test_packed_and_padded_batches_give_the_same_loss_and_gradients(hf_dir, loss):
+    """The same groups in rows of 16 tokens (one sequence a row: the padded layout) and of 64 (packed, four
+    a row): every sequence attends only to itself with positions from 0, so loss and gradients agree."""
+    mesh = make_mesh(1, 1)
+    loaded = load_model(hf_dir, mesh=mesh)
+    padded, _ = _on_policy_batch(loaded.model, mesh, row_tokens=16)
+    groups_again, _ = _on_policy_batch(loaded.model, mesh, row_tokens=64)
+    trainer = Trainer(loaded, mesh, OptimizerConfig(learning_rate=1e-3), loss=loss)
+    results = []
+    for batch in (padded, groups_again):  # off-policy: a behaviour that differs from the model, by token id
+        shift = (0.3 * (batch.input_ids % 3) - 0.3).astype(np.float32) * (batch.completion_mask > 0)
+        results.append(_loss_and_grads(trainer, batch._replace(behaviour_logps=batch.behaviour_logps + shift)))
+    assert padded.segment_ids.max() == 1 and groups_again.segment_ids.max() >= 3
+    assert groups_again.input_ids.shape[0] < padded.input_ids.shape[0]
+    (loss_a, metrics_a, grads_a), (loss_b, metrics_b, grads_b) = results
+    assert loss_a == pytest.approx(loss_b, abs=1e-6) and abs(loss_a) > 1e-3
+    for name in ("ratio_mean", "clip_frac_high", "is_ratio_mean", "behaviour_gap"):
+        assert float(metrics_a[name]) == pytest.approx(float(metrics_b[name]), abs=1e-6), name
+    for a, b in zip(grads_a, grads_b, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert max(float(np.abs(g).max()) for g in grads_a) > 1e-3
+
+
+def _three_updates(hf_dir, loss, *, given_old=True):
+    """Three updates on one on-policy batch at a large learning rate, as train.num_iterations=3 runs them."""
+    mesh = make_mesh(1, 1)
+    loaded = load_model(hf_dir, mesh=mesh)
+    batch, _ = _on_policy_batch(loaded.model, mesh)
+    trainer = Trainer(loaded, mesh, OptimizerConfig(learning_rate=3e-2, max_grad_norm=None), loss=loss)
+    updates = [trainer.rl_step(batch)]
+    old = trainer.last_logps if given_old else None
+    params_after_first = [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
+    updates += [trainer.rl_step(batch, old_logps=old) for _ in range(2)]
+    return updates, params_after_first
+
+
+def test_later_updates_of_a_batch_clip_against_the_learners_old_policy_under_a_correction(hf_dir):
+    """With an off-policy correction the clip is taken against π_old, the learner's pre-update policy. Before
+    the fix π_old was sg[π_θ] on every update: the ratio stayed 1 and the trust region was gone (0 % clipped
+    where the same updates without the correction clip ~28 %)."""
+    with_tis, _ = _three_updates(hf_dir, LossConfig(correction=TokenTIS(cap=2.0)))
+    assert with_tis[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # the first update: π_old is π_θ
+    for later in with_tis[1:]:
+        assert later["clip_frac_low"] + later["clip_frac_high"] > 0.05, later
+        assert abs(later["ratio_mean"] - 1.0) > 0.01, later
+    broken, _ = _three_updates(hf_dir, LossConfig(correction=TokenTIS(cap=2.0)), given_old=False)
+    assert all(u["clip_frac_low"] + u["clip_frac_high"] == 0 for u in broken)  # the defect, reproduced
+
+
+def test_a_batchs_first_update_is_unchanged_by_the_later_ones(hf_dir):
+    """train.num_iterations=1 runs exactly the first update of num_iterations=3: same parameters, to the bit."""
+    mesh = make_mesh(1, 1)
+    loaded = load_model(hf_dir, mesh=mesh)
+    batch, _ = _on_policy_batch(loaded.model, mesh)
+    single = Trainer(loaded, mesh, OptimizerConfig(learning_rate=3e-2, max_grad_norm=None), loss=LossConfig())
+    single.rl_step(batch)
+    _, first_of_three = _three_updates(hf_dir, LossConfig())
+    for a, b in zip([np.asarray(x) for x in jax.tree.leaves(single.state.params)], first_of_three, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from learner.algo.advantages import group_advantages
-from learner.algo.losses import LossConfig, normalizer_for, policy_loss
-from learner.algo.rl_batch import assemble_rl_batch
+from learner.algo.losses import LossConfig, normalizer_for, rl_loss
+from learner.algo.policy_losses import resolve_policy_loss
+from learner.algo.sequences import Sequences
 from learner.algo.turn_advantages import (
     GroupTurnRewards,
     per_turn_grpo,
@@ -19,6 +20,7 @@ from learner.algo.turn_advantages import (
     trajectory,
     turn_advantages,
 )
+from learner.rl_loop import build_batch
 from learner.service.group_validation import CompletionRecord, GroupRecord, TurnRecord
 
 PAD = 0
@@ -28,7 +30,7 @@ TURN_REWARDS = (np.array([0.0, 0.0, 1.0]), np.array([0.5]), np.array([0.0, 0.0])
 
 def _group(std_normalize: bool = True) -> GroupTurnRewards:
     totals = np.array([[r.sum() for r in TURN_REWARDS]])
-    stats = group_advantages(totals, std_normalize=std_normalize)
+    stats = group_advantages(totals, estimator="grpo" if std_normalize else "dr_grpo")
     return GroupTurnRewards(TURN_REWARDS, float(stats.baselines[0]), float(stats.scales[0]), 1e-4, std_normalize)
 
 
@@ -116,23 +118,23 @@ def _multi_turn_group(rewards: list[tuple[float, ...] | None]) -> GroupRecord:
                        metadata={})
 
 
+def _batch(group: GroupRecord, estimator: str = "dr_grpo"):
+    """The group's batch as the RL loop builds it with reward-to-go, one sequence a row (rows of 8)."""
+    return build_batch([group], LossConfig(estimator=estimator, advantage="reward_to_go"), reward_to_go, pad_id=PAD,
+                       row_tokens=8, row_multiple=1, current_version=0)[0]
+
+
 def test_the_batch_carries_each_turns_advantage_on_its_sampled_tokens():
-    group = _multi_turn_group([(0.0, 1.0), (0.0, 0.0), None])
-    batch, _ = assemble_rl_batch([group], pad_id=PAD, current_version=0, length_buckets=(8,),
-                                 std_normalize=False, advantage=reward_to_go)
+    batch = _batch(_multi_turn_group([(0.0, 1.0), (0.0, 0.0), None]))
     # totals [1, 0] (the unscorable one is out): b = 0.5; reward-to-go of row 0 is [1, 1], of row 1 [0, 0]
     np.testing.assert_allclose(batch.advantages[0], [0, 0, 0.5, 0.5, 0, 0.5, 0.5, 0])
     np.testing.assert_allclose(batch.advantages[1], [0, 0, -0.5, -0.5, 0, -0.5, -0.5, 0])
     assert not batch.advantages[2].any()  # unscorable
-    late = _multi_turn_group([(1.0, 0.0), (0.0, 0.0)])
-    batch, _ = assemble_rl_batch([late], pad_id=PAD, current_version=0, length_buckets=(8,),
-                                 std_normalize=False, advantage=reward_to_go)
+    batch = _batch(_multi_turn_group([(1.0, 0.0), (0.0, 0.0)]))
     # row 0 earned its reward in turn 1: turn 2 gets only what followed it (0) less the baseline 0.5
     np.testing.assert_allclose(batch.advantages[0], [0, 0, 0.5, 0.5, 0, -0.5, -0.5, 0])
     even = _multi_turn_group([(0.0, 1.0), (1.0, 0.0)])  # equal totals: no signal, whatever the rule
-    batch, _ = assemble_rl_batch([even], pad_id=PAD, current_version=0, length_buckets=(8,),
-                                 advantage=reward_to_go)
-    assert not batch.advantages.any()
+    assert not _batch(even, estimator="grpo").advantages.any()
 
 
 def test_the_loss_with_per_token_advantages():
@@ -141,18 +143,23 @@ def test_the_loss_with_per_token_advantages():
     behaviour = logps + jnp.asarray(rng.normal(0, 0.3, (3, 5)), jnp.float32)
     mask = jnp.asarray([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 1, 1, 1, 0]], jnp.float32)
     per_sequence = jnp.asarray([1.0, -0.5, 2.0])
-    norm = normalizer_for(mask)
+    seqs = Sequences.of(jnp.ones((3, 5), jnp.int32))
+    norm = normalizer_for(mask, seqs)
     config = LossConfig(epsilon_low=0.2, epsilon_high=0.28)
+    loss_fn = resolve_policy_loss(config)
+
+    def loss(advantages):
+        return rl_loss(logps, behaviour, advantages, mask, seqs, config, norm, loss_fn)
+
     broadcast = jnp.broadcast_to(per_sequence[:, None], (3, 5))
-    a, metrics_a = policy_loss(logps, behaviour, per_sequence, mask, config, norm)
-    b, metrics_b = policy_loss(logps, behaviour, broadcast, mask, config, norm)
+    a, metrics_a = loss(per_sequence)
+    b, metrics_b = loss(broadcast)
     assert float(a) == float(b) and metrics_a == metrics_b
     # per token: −min(ρ A_t, clip(ρ) A_t) summed over the mask / N_tok, written out
     per_token = jnp.asarray(rng.normal(0, 1, (3, 5)), jnp.float32)
     ratio = np.exp(np.asarray(logps - behaviour))
     adv = np.asarray(per_token)
     expected = -(np.minimum(ratio * adv, np.clip(ratio, 0.8, 1.28) * adv) * np.asarray(mask)).sum() / 11
-    loss, _ = policy_loss(logps, behaviour, per_token, mask, config, norm)
-    assert float(loss) == pytest.approx(expected, rel=1e-5)
+    assert float(loss(per_token)[0]) == pytest.approx(expected, rel=1e-5)
     with pytest.raises(ValueError, match=r"advantages must be \[B\]"):
-        policy_loss(logps, behaviour, per_token[:, :2], mask, config, norm)
+        loss(per_token[:, :2])

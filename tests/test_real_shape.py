@@ -10,7 +10,7 @@ What it proves, step 1 of each stage:
   compared with the weights the stage started from;
 - RL trains on what vLLM sampled: the learner's bf16 logprobs of the sampled tokens agree with vLLM's
   bf16 behaviour logprobs within BEHAVIOUR_GAP_BOUND (the gap is printed: it is the training–inference
-  mismatch `algo.tis_cap` corrects);
+  mismatch `algo.correction` corrects);
 - the actor loaded each published bf16 version, and the exported bf16 dir loads in vLLM (the final
   evaluation) and in transformers, whose logits match the learner's.
 RL's reward is a format check that a random model meets about half the time (`^<x1`: the first

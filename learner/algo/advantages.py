@@ -1,26 +1,41 @@
-"""Group-relative advantages (GRPO; Dr.GRPO without std; DAPO dynamic sampling).
+"""Advantage estimators by name (`algo.estimator`): group-relative advantages of scored groups.
 
-Rewards arrive per group of G completions of one prompt, on the host, so this is numpy. A completion
-whose reward could not be computed (reward worker timeout, parse failure: reward NaN, or
-`scorable=False`) is *unscorable*: it is left out of its group's mean and std, gets advantage 0 and
-weight 0, so it neither moves the baseline nor enters the loss.
+Rewards arrive per group of G completions of one prompt, on the host, so this is numpy. For group i
+with scorable completions j (R_ij their rewards, n_i of them):
+
+    grpo          A_ij = (R_ij − mean_j R_ij) / (std_j R_ij + ε)        DeepSeekMath (std with ddof=1, as
+                                                                         tunix and TRL)
+    dr_grpo       A_ij =  R_ij − mean_j R_ij                             Dr.GRPO: no std, no length bias
+    rloo          A_ij =  R_ij − (Σ_{j'≠j} R_ij') / (n_i − 1)            RLOO: leave-one-out baseline
+                       = n_i / (n_i − 1) · (R_ij − mean_j R_ij)
+    reinforce_pp  A_ij = (R_ij − mean_j R_ij) / (std_{batch}(R − mean_group R) + ε)
+                                                                         REINFORCE++-baseline: group
+                                                                         mean, then the batch's std
+
+A completion whose reward could not be computed (reward worker timeout, parse failure: reward NaN, or
+`scorable=False`) is *unscorable*: it is left out of its group's statistics, gets advantage 0 and
+weight 0, so it neither moves the baseline nor enters the loss. A group is *zero-signal* when it has
+fewer than two scorable completions or all its scorable rewards are equal: every advantage in it is 0,
+whatever the estimator.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
-from learner.schema import DYNAMIC_SAMPLING
+from learner.schema import DYNAMIC_SAMPLING, ESTIMATORS
 
-STD_EPSILON = 1e-4  # ε of A = (R − mean) / (std + ε)
+STD_EPSILON = 1e-4  # ε of the std normalisations
 
 
 @dataclasses.dataclass(frozen=True)
 class GroupAdvantages:
     """Per-completion advantages [N, G], loss weights [N, G] (0 = leave out of the loss), each group's
-    baseline b and scale s [N] (A = (R − b) / s where the group has signal) and counts."""
+    baseline b and scale s [N] (the group-baseline estimators' A = (R − b) / s where the group has
+    signal; rloo's b is the group mean, its own baselines leave each completion out) and counts."""
 
     advantages: np.ndarray
     weights: np.ndarray
@@ -32,22 +47,65 @@ class GroupAdvantages:
     num_zero_signal_groups: int
 
 
+@dataclasses.dataclass(frozen=True)
+class Scorable:
+    """One batch's rewards as an estimator sees them: R [N, G] (0 where unscorable), the mask of scorable
+    completions, their count per group n [N, 1], the group means [N, 1] and the centred rewards R − mean
+    (0 where unscorable)."""
+
+    rewards: np.ndarray
+    valid: np.ndarray
+    count: np.ndarray
+    mean: np.ndarray
+    centred: np.ndarray
+
+
+# (scorable, ε) -> (advantages [N, G], scales [N, 1]); zero-signal groups are zeroed afterwards
+Estimator = Callable[[Scorable, float], tuple[np.ndarray, np.ndarray]]
+
+
+def grpo(s: Scorable, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    """(R − mean) / (std + ε), the group's sample std (ddof=1)."""
+    scale = np.sqrt((s.centred**2).sum(axis=1, keepdims=True) / np.maximum(s.count - 1, 1)) + epsilon
+    return s.centred / scale, scale
+
+
+def dr_grpo(s: Scorable, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    """R − mean."""
+    return s.centred, np.ones_like(s.mean)
+
+
+def rloo(s: Scorable, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    """R − (the group's other rewards' mean) = n / (n − 1) · (R − mean)."""
+    return s.centred * s.count / np.maximum(s.count - 1, 1), np.ones_like(s.mean)
+
+
+def reinforce_pp(s: Scorable, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    """(R − mean) / (std over the batch's scorable completions of R − mean + ε)."""
+    centred = s.centred[s.valid]
+    std = centred.std(ddof=1) if centred.size > 1 else 0.0
+    scale = np.full_like(s.mean, std + epsilon)
+    return s.centred / scale, scale
+
+
+ESTIMATOR_FUNCTIONS: dict[str, Estimator] = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo,
+                                             "reinforce_pp": reinforce_pp}
+assert tuple(ESTIMATOR_FUNCTIONS) == ESTIMATORS
+
+
 def group_advantages(
     rewards: np.ndarray,
     scorable: np.ndarray | None = None,
     *,
-    std_normalize: bool = True,
+    estimator: str = "grpo",
     epsilon: float = STD_EPSILON,
     dynamic_sampling: str = "off",
 ) -> GroupAdvantages:
-    """A_ij = (R_ij − mean_j R_ij) / (std_j R_ij + ε)  over the scorable completions j of group i.
+    """The `estimator`'s advantages over the scorable completions of each group (module docstring).
 
-    std is the sample std (ddof=1, as tunix and TRL); std_normalize=False gives Dr.GRPO's
-    A_ij = R_ij − mean_j R_ij. A group is *zero-signal* when it has fewer than two scorable
-    completions or all its scorable rewards are equal: every advantage in it is 0. With
-    dynamic_sampling='drop' or 'fill' its completions also get weight 0 (DAPO's dynamic sampling: the
-    group is out of the loss and its denominators; with 'fill' the RL loop has already replaced such
-    groups); 'count' and 'off' keep them in the loss (KL term only).
+    With dynamic_sampling='drop' or 'fill' the completions of a zero-signal group also get weight 0
+    (DAPO's dynamic sampling: the group is out of the loss and its denominators; with 'fill' the RL
+    loop has already replaced such groups); 'count' and 'off' keep them in the loss (KL term only).
 
     Args:
       rewards: [N, G] float; NaN marks an unscorable completion.
@@ -55,6 +113,8 @@ def group_advantages(
     """
     if dynamic_sampling not in DYNAMIC_SAMPLING:
         raise ValueError(f"dynamic_sampling must be one of {DYNAMIC_SAMPLING}, got {dynamic_sampling!r}")
+    if estimator not in ESTIMATOR_FUNCTIONS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
     rewards = np.asarray(rewards, np.float64)
     if rewards.ndim != 2:
         raise ValueError(f"rewards must be [num_groups, group_size], got shape {rewards.shape}")
@@ -75,10 +135,8 @@ def group_advantages(
     highest = np.where(valid, r, -np.inf).max(1, keepdims=True)
     spread = highest - np.where(valid, r, np.inf).min(1, keepdims=True)
     zero_signal = (count < 2) | ~(spread > 0)
-    scale = np.ones_like(mean)
-    if std_normalize:
-        scale = np.sqrt((centred**2).sum(axis=1, keepdims=True) / np.maximum(count - 1, 1)) + epsilon
-    advantages = np.where(zero_signal, 0.0, centred / scale)
+    advantages, scale = ESTIMATOR_FUNCTIONS[estimator](Scorable(r, valid, count, mean, centred), epsilon)
+    advantages = np.where(zero_signal | ~valid, 0.0, advantages)
 
     weights = valid.copy()
     if dynamic_sampling in ("drop", "fill"):

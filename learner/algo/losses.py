@@ -1,49 +1,63 @@
-"""Policy-gradient losses for GRPO, GSPO and GSPO-token, with the Dr.GRPO / DAPO knobs.
+"""The RL loss of one (micro-)batch: an off-policy correction, a policy loss, an aggregation, a KL term.
 
-Every function here is a pure `jnp` function of per-token log-probabilities, masks and advantages,
-so the train step can jit and differentiate it. Shapes: `B` completions, `T` completion tokens.
+    (w, k)  = correction(π_old, μ)                                    learner.algo.corrections
+    ℓ_it    = policy_loss(π_θ, π_old, μ, A)                          learner.algo.policy_losses
+    loss    = aggregate(k · w · ℓ + β · k3(π_θ, π_ref), m)           the Dr.GRPO / DAPO knobs (`aggregate`)
 
-Notation (all per token t of completion i, masked by m_it ∈ {0, 1}):
-    logp_it   log π_θ(y_it | ·)             current policy (carries the gradient)
-    old_it    log π_old(y_it | ·)            behaviour policy: what the actors sampled with
-    ref_it    log π_ref(y_it | ·)            frozen reference (only needed when β > 0)
-    A_it      advantage of the turn that sampled token t (learner.algo.advantages, .turn_advantages);
-              a single-turn completion's A_i on every token
+Every function here is a pure `jnp` function of per-token log-probabilities, masks and advantages, so the
+train step can jit and differentiate it. Shapes: `B` rows, `T` tokens; a packed row holds several
+sequences (learner.algo.sequences), and "per sequence" always means per packed sequence, never per row.
 
-Micro-batching: every loss is a *sum* over its tokens divided by normalisers of the **global**
-batch (`Normalizer`, computed once from the whole batch's mask by `normalizer_for`). Hence the sum
-of the micro-batch losses (and of their gradients and metrics) equals the full-batch value.
+    logp_it   log π_θ(y_it | ·)      current policy (carries the gradient)
+    old_it    log π_old(y_it | ·)    the learner's own evaluation of the pre-update policy: sg[logp] on a
+                                     batch's first update, the first update's logprobs on the later ones
+                                     (train.num_iterations > 1)
+    beh_it    log μ(y_it | ·)        behaviour policy: what the actors sampled with
+    ref_it    log π_ref(y_it | ·)    frozen reference (only needed when β > 0)
+    A_it      advantage of the turn that sampled token t (learner.algo.advantages, .turn_advantages)
+
+Micro-batching: every loss is a *sum* over its tokens divided by normalisers of the **global** batch
+(`Normalizer`, computed once from the whole batch's mask by `normalizer_for`). Hence the sum of the
+micro-batch losses (and of their gradients and metrics) equals the full-batch value.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from learner.algo.corrections import correct
+from learner.algo.policy_losses import LossOutput, PolicyTerms
+from learner.algo.sequences import Sequences
 from learner.schema import (  # noqa: F401  (the loss config lives in the light schema module)
     AGGREGATIONS,
     ALGORITHMS,
     DYNAMIC_SAMPLING,
     Aggregation,
-    Algorithm,
     DynamicSampling,
     LossConfig,
 )
+
+LOG_RATIO_BOUND = 20.0  # |log ρ| beyond this is clamped in the metrics (ρ² would overflow float32)
 
 
 class Normalizer(NamedTuple):
     """Denominators of the whole (global) batch, shared by all its micro-batches."""
 
     num_tokens: jax.Array  # Σ_it m_it
-    num_sequences: jax.Array  # number of completions with at least one loss token
+    num_sequences: jax.Array  # number of sequences with at least one loss token
 
 
-def normalizer_for(mask: jax.Array) -> Normalizer:
-    """Normaliser of a batch from its [B, T] loss mask; call it on the global batch, not a micro-batch."""
+def normalizer_for(mask: jax.Array, sequences: Sequences | None = None) -> Normalizer:
+    """Normaliser of a batch from its [B, T] loss mask and its sequences (None: a sequence per row); call it
+    on the global batch, not a micro-batch."""
     mask = jnp.asarray(mask, jnp.float32)
-    return Normalizer(num_tokens=mask.sum(), num_sequences=(mask.sum(-1) > 0).sum().astype(jnp.float32))
+    sequences = sequences or Sequences.of(jnp.ones(mask.shape, jnp.int32))
+    return Normalizer(num_tokens=mask.sum(),
+                      num_sequences=(sequences.per_sequence(mask) > 0).sum().astype(jnp.float32))
 
 
 def k3_kl(logps: jax.Array, ref_logps: jax.Array) -> jax.Array:
@@ -55,53 +69,12 @@ def k3_kl(logps: jax.Array, ref_logps: jax.Array) -> jax.Array:
     return jnp.exp(r) - r - 1.0
 
 
-def tis_weights(learner_old_logps: jax.Array, behaviour_logps: jax.Array, cap: float) -> jax.Array:
-    """Truncated importance weights w_t = sg[min(exp(old_learner_t − behaviour_t), C)].
-
-    They correct for the gap between what the actors sampled with (vLLM numerics, stale weights) and
-    the learner's own evaluation of the same policy (Yao et al., 2025, "off-policy RL in disguise").
-    """
-    return jax.lax.stop_gradient(jnp.minimum(jnp.exp(learner_old_logps - behaviour_logps), cap))
-
-
-def masked_sequence_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
-    """Per-sequence mean over the mask, [B, T] -> [B]; 0 for an empty sequence."""
-    return (x * mask).sum(-1) / jnp.maximum(mask.sum(-1), 1.0)
-
-
-def log_ratio(algorithm: str, logps: jax.Array, old_logps: jax.Array, mask: jax.Array) -> jax.Array:
-    """Log importance ratio per token, [B, T], for each algorithm.
-
-    grpo:        log r_it = logp_it − old_it                                   (token-level)
-    gspo:        log s_i  = mean_t (logp_it − old_it), broadcast over t         (sequence-level)
-    gspo-token:  log s_it = sg[log s_i] + logp_it − sg[logp_it]
-                 (value of s_i, gradient of a per-token ratio: s_it = sg[s_i] · π_θ(y_t) / sg[π_θ(y_t)])
-    """
-    token = logps - old_logps
-    if algorithm == "grpo":
-        return token
-    seq = masked_sequence_mean(token, mask)[:, None]
-    if algorithm == "gspo":
-        return jnp.broadcast_to(seq, token.shape)
-    if algorithm == "gspo-token":
-        return jax.lax.stop_gradient(seq) + logps - jax.lax.stop_gradient(logps)
-    raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-
-
-def clipped_surrogate(
-    log_r: jax.Array, advantages: jax.Array, epsilon_low: float, epsilon_high: float
-) -> jax.Array:
-    """PPO clipped surrogate as a loss: −min(r · A, clip(r, 1 − ε_low, 1 + ε_high) · A), per token
-    (advantages [B, T])."""
-    ratio = jnp.exp(log_r)
-    return -jnp.minimum(ratio * advantages, jnp.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high) * advantages)
-
-
 def aggregate(
     per_token: jax.Array,
     mask: jax.Array,
     norm: Normalizer,
     aggregation: str,
+    sequences: Sequences,
     constant_normalizer: float | None = None,
 ) -> jax.Array:
     """Reduce a [B, T] per-token loss to a scalar with global-batch denominators (N_tok, N_seq):
@@ -115,7 +88,8 @@ def aggregate(
     if aggregation == "token-mean":
         return summed.sum() / jnp.maximum(norm.num_tokens, 1.0)
     if aggregation == "seq-mean-token-mean":
-        return masked_sequence_mean(per_token, mask).sum() / jnp.maximum(norm.num_sequences, 1.0)
+        lengths = jnp.maximum(sequences.total(mask), 1.0)  # |o_i| at each of its tokens
+        return (summed / lengths).sum() / jnp.maximum(norm.num_sequences, 1.0)
     if aggregation == "seq-mean-token-sum":
         return summed.sum() / jnp.maximum(norm.num_sequences, 1.0)
     if aggregation == "constant":
@@ -125,37 +99,30 @@ def aggregate(
     raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
 
 
-def policy_loss(
+def rl_loss(
     logps: jax.Array,
     behaviour_logps: jax.Array,
     advantages: jax.Array,
     mask: jax.Array,
+    sequences: Sequences,
     config: LossConfig,
     norm: Normalizer,
+    loss_fn: Callable[[PolicyTerms], LossOutput],
     *,
+    old_logps: jax.Array | None = None,
     ref_logps: jax.Array | None = None,
-    learner_old_logps: jax.Array | None = None,
     entropy: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """RL loss of one (micro-)batch and its metrics.
+    """RL loss of one (micro-)batch and its metrics (the module docstring's composition).
 
-        ℓ_it = w_it · −min(ρ_it A_it, clip(ρ_it, 1 − ε_low, 1 + ε_high) A_it) + β · k3(logp_it, ref_it)
-        loss = aggregate(ℓ, m)        (see `aggregate`; ρ from `log_ratio`)
-
-    Without TIS (tis_cap None): ρ = π_θ / π_behaviour and w = 1.
-    With TIS: ρ = π_θ / π_old_learner and w = min(π_old_learner / π_behaviour, C) (stop-grad), where
-    π_old_learner is the learner's own evaluation of the pre-update policy (`learner_old_logps`;
-    default sg[logp], exact when the batch gets one optimizer step). As in verl, w multiplies the
-    policy term, not the KL term.
-
-    Args: logps, behaviour_logps, mask (and ref_logps, learner_old_logps, entropy): [B, T];
-      advantages: [B] (one per sequence) or [B, T] (per token: multi-turn credit; GSPO's sequence ratio
-      needs one advantage per sequence, so its config refuses a per-turn rule); norm:
-      `normalizer_for(global_batch_mask)`.
+    Args: logps, behaviour_logps, mask (and old_logps, ref_logps, entropy): [B, T]; advantages: [B] (one
+      per row) or [B, T] (per token); sequences: the rows' packed sequences; loss_fn: the policy loss
+      (`policy_losses.resolve_policy_loss`); old_logps: the learner's pre-update logprobs, None on a
+      batch's first update (then sg[logps], the same values); norm: `normalizer_for(global batch mask)`.
     Returns: (loss, metrics); metrics are global-batch normalised too, so they sum over micro-batches:
-      policy_loss, kl, clip_frac_low, clip_frac_high, ratio_mean, tis_weight_mean, entropy, and
-      behaviour_gap = token-mean |logp − behaviour|: before the update, the training–inference
-      mismatch (learner vs vLLM numerics, bf16) plus staleness, what `tis_cap` corrects.
+      policy_loss, kl, entropy, behaviour_gap = token-mean |logp − behaviour| (before the update: the
+      training–inference mismatch plus staleness), the loss's own (ratio_mean, clip fractions, ...) and the
+      correction's (`correction_metrics`).
     """
     mask = jnp.asarray(mask, logps.dtype)
     advantages = jnp.asarray(advantages, logps.dtype)
@@ -163,20 +130,18 @@ def policy_loss(
         advantages = jnp.broadcast_to(advantages[:, None], logps.shape)
     if advantages.shape != logps.shape:
         raise ValueError(f"advantages must be [B]={logps.shape[:1]} or [B, T]={logps.shape}, got {advantages.shape}")
-    if config.tis_cap is None:
-        old_logps, weights = behaviour_logps, jnp.ones_like(logps)
-    else:
-        old_logps = jax.lax.stop_gradient(logps) if learner_old_logps is None else learner_old_logps
-        weights = tis_weights(old_logps, behaviour_logps, config.tis_cap)
-
-    log_r = log_ratio(config.algorithm, logps, old_logps, mask)
-    pg = weights * clipped_surrogate(log_r, advantages, config.epsilon_low, config.epsilon_high)
+    old_logps = jax.lax.stop_gradient(logps if old_logps is None else old_logps)
+    corrected = correct(config.correction, old_logps, behaviour_logps, advantages, mask, sequences)
+    proximal = behaviour_logps if config.correction is None else old_logps
+    per_token, loss_metrics = loss_fn(PolicyTerms(logps, old_logps, behaviour_logps, proximal, advantages, mask,
+                                                  sequences))
+    pg = corrected.weights * corrected.keep * per_token
 
     def agg(x: jax.Array) -> jax.Array:
-        return aggregate(x, mask, norm, config.aggregation, config.constant_normalizer)
+        return aggregate(x, mask, norm, config.aggregation, sequences, config.constant_normalizer)
 
     def token_mean(x: jax.Array) -> jax.Array:
-        return aggregate(jax.lax.stop_gradient(x), mask, norm, "token-mean")
+        return aggregate(jax.lax.stop_gradient(x), mask, norm, "token-mean", sequences)
 
     zero = jnp.zeros((), logps.dtype)
     if config.beta > 0.0:
@@ -187,16 +152,33 @@ def policy_loss(
     else:
         loss, kl_metric = agg(pg), zero
 
-    ratio = jnp.exp(jax.lax.stop_gradient(log_r))
-    adv = advantages  # [B, T]
     metrics = {
         "policy_loss": jax.lax.stop_gradient(agg(pg)),
         "kl": kl_metric,
-        "clip_frac_low": token_mean(((ratio < 1.0 - config.epsilon_low) & (adv < 0)).astype(logps.dtype)),
-        "clip_frac_high": token_mean(((ratio > 1.0 + config.epsilon_high) & (adv > 0)).astype(logps.dtype)),
-        "ratio_mean": token_mean(ratio),
-        "tis_weight_mean": token_mean(weights),
+        **{name: token_mean(value) for name, value in loss_metrics.items()},
         "behaviour_gap": token_mean(jnp.abs(logps - behaviour_logps)),
         "entropy": zero if entropy is None else token_mean(entropy),
+        **correction_metrics(old_logps - behaviour_logps, corrected, mask, sequences, norm, token_mean),
     }
     return loss, metrics
+
+
+def correction_metrics(log_rho: jax.Array, corrected, mask: jax.Array, sequences: Sequences, norm: Normalizer,
+                       token_mean: Callable[[jax.Array], jax.Array]) -> dict[str, jax.Array]:
+    """The off-policy picture of a batch, every step (whatever the correction): token means of
+    ρ = π_old/μ and ρ² (the trainer turns them into the effective sample size (Σρ)² / (N Σρ²)), the k3-form
+    estimate of KL(π_old ‖ μ) from μ's samples, E_μ[ρ log ρ − ρ + 1], the weights the correction applied,
+    and the fractions of tokens it capped or masked and of sequences it masked whole."""
+    log_rho = jnp.clip(jax.lax.stop_gradient(log_rho), -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    rho = jnp.exp(log_rho)
+    tokens = sequences.per_sequence(mask)
+    kept = sequences.per_sequence(mask * corrected.keep)
+    return {
+        "is_ratio_mean": token_mean(rho),
+        "is_ratio_sq_mean": token_mean(rho * rho),
+        "kl_old_behaviour": token_mean(rho * log_rho - rho + 1.0),
+        "is_weight_mean": token_mean(corrected.weights * corrected.keep),
+        "capped_token_frac": token_mean(corrected.capped),
+        "masked_token_frac": token_mean(1.0 - corrected.keep),
+        "masked_seq_frac": ((tokens > 0) & (kept == 0)).sum() / jnp.maximum(norm.num_sequences, 1.0),
+    }

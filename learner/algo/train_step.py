@@ -12,12 +12,14 @@ the cast to the float32 master and the update is applied there. Updates far belo
 their weight (lr 1e-6 on weights of ~0.02) therefore accumulate instead of being rounded away.
 Exports (actors, HF dirs) are cast to the compute dtype.
 
-- rl:       learner.algo.losses.policy_loss on learner.algo.logprobs.per_token_logprobs (chunked unembed),
-            behaviour logprobs as π_old, optional frozen reference (the initial policy) when β > 0.
+- rl:       learner.algo.losses.rl_loss (a policy loss plug-in, an off-policy correction, an aggregation) on
+            packed rows (several sequences a row, learner.algo.rl_batch), logprobs by chunked unembedding;
+            optional frozen reference (the initial policy) when β > 0. A batch's first update returns its
+            per-token logprobs: the pre-update policy π_old its later updates (train.num_iterations) take.
 - sft:      masked cross-entropy on the batch's loss_mask (completion tokens only).
 - pretrain: the same cross-entropy; its batches mark every token as a target.
-Packed rows (sft/pretrain) attend only within their own example: the attention mask is causal AND
-same-segment, and positions restart per example (learner.data).
+Packed rows (every mode) attend only within their own sequence: the attention mask is causal AND
+same-segment, and positions restart per sequence (learner.data, learner.algo.rl_batch).
 """
 
 from __future__ import annotations
@@ -33,20 +35,26 @@ import numpy as np
 import optax
 from flax import nnx
 
-from learner.algo.logprobs import logprobs_from_hidden, per_token_logprobs
-from learner.algo.losses import LossConfig, Normalizer, normalizer_for, policy_loss
+from learner.algo.logprobs import logprobs_from_hidden
+from learner.algo.losses import LossConfig, Normalizer, normalizer_for, rl_loss
 from learner.algo.optim import OptimizerConfig, make_optimizer, make_schedule
+from learner.algo.policy_losses import resolve_policy_loss
 from learner.algo.rl_batch import RLBatch, empty_rl_batch
+from learner.algo.sequences import Sequences
 from learner.algo.train_state import TrainState, init_train_state
 from learner.data import TokenBatch
-from learner.mesh import is_leader, shard_rows
+from learner.mesh import BATCH_AXIS, is_leader, row_sharding, shard_rows
 from learner.metrics import Throughput, to_host
 from models.jax_model import DTYPES, LoadedModel, export_hf_tensors, save_hf_dir
 
 Batch = dict[str, jax.Array]
 SKIPPED: dict[str, float] = {"update_skipped": 1.0}  # the metrics of a step that made no update
-# (params, micro-batch, global normaliser, frozen reference params or None) -> (loss, metrics)
-LossFn = Callable[[nnx.State, Batch, Normalizer, nnx.State | None], tuple[jax.Array, dict[str, jax.Array]]]
+# (params, micro-batch, global normaliser, frozen reference params or None) -> (loss, (metrics, per-token
+# logprobs of the micro-batch's targets, or an empty array where the mode does not need them))
+LossFn = Callable[[nnx.State, Batch, Normalizer, nnx.State | None],
+                  tuple[jax.Array, tuple[dict[str, jax.Array], jax.Array]]]
+# Quantiles of the ratio ρ = π_old / π_behaviour over a batch's loss tokens, logged every rl step
+RATIO_QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
 
 
 def cast_floating(tree: nnx.State, dtype: jnp.dtype) -> nnx.State:
@@ -64,13 +72,22 @@ def packed_hidden(model: nnx.Module, input_ids: jax.Array, segment_ids: jax.Arra
     return model.hidden_states(input_ids, positions, mask)
 
 
+@jax.jit
+def ratio_quantiles(old: jax.Array, behaviour: jax.Array, mask: jax.Array) -> jax.Array:
+    """RATIO_QUANTILES of ρ = exp(old − behaviour) over the tokens where mask > 0."""
+    rho = jnp.where(mask > 0, jnp.exp(old - behaviour), jnp.nan)
+    return jnp.nanquantile(rho, jnp.asarray(RATIO_QUANTILES))
+
+
 class Trainer:
     """Owns the train state on a mesh and applies rl / sft / pretrain steps to it.
 
     `rl_step(batch)`, `sft_step(batch)` and `pretrain_step(batch)` take host (numpy) batches, run one
     optimizer update and return host metrics: loss, grad_norm (before clipping), learning_rate,
     tokens_per_s, step_time_s, update_norm (of the parameter change), plus the mode's own (rl:
-    policy_loss, kl, entropy, clip fractions, ratio mean; sft/pretrain: entropy, loss_tokens).
+    policy_loss, kl, entropy, the policy loss's (ratio, clip fractions), the off-policy picture
+    (learner.algo.losses.correction_metrics, the effective sample size is_ess and quantiles of
+    ρ = π_old/μ); sft/pretrain: entropy, loss_tokens).
 
     A batch with no learning signal is skipped: no optimizer update, AdamW's moments and step count
     untouched, and the metrics say `update_skipped: 1`. No signal means no loss token, or (rl, with
@@ -84,6 +101,8 @@ class Trainer:
       loss: RL loss settings. β > 0 keeps a frozen copy of `loaded`'s weights as the KL reference, so a
         resumed run must load the same initial model dir before restoring its checkpoint.
       micro_batches: gradient-accumulation factor; the batch's rows must divide by it.
+      micro_batch_tokens: rl: tokens of a micro-batch instead (whole rows, at least one per data shard;
+        `rl_row_multiple` says how many rows), so an rl batch of any size runs in bounded memory.
       temperature: the actors' sampling temperature (behaviour logprobs are log_softmax(logits / T)).
       chunk_tokens: tokens (rows × time steps) unembedded at once when computing logprobs: the logits
         memory is a few copies of chunk_tokens × V fp32, whatever the batch (learner.algo.logprobs).
@@ -96,7 +115,8 @@ class Trainer:
     """
 
     def __init__(self, loaded: LoadedModel, mesh: jax.sharding.Mesh, optimizer: OptimizerConfig, *,
-                 loss: LossConfig | None = None, micro_batches: int = 1, temperature: float = 1.0,
+                 loss: LossConfig | None = None, micro_batches: int = 1, micro_batch_tokens: int | None = None,
+                 temperature: float = 1.0,
                  chunk_tokens: int | None = 2048, compute_dtype: str | None = None, remat: bool = False,
                  seed: int = 0, skip_no_signal: bool = True):
         if micro_batches < 1:
@@ -104,6 +124,7 @@ class Trainer:
         self.loaded, self.mesh = loaded, mesh
         self.loss_config = loss or LossConfig()
         self.micro_batches, self.temperature, self.chunk_tokens = micro_batches, temperature, chunk_tokens
+        self.micro_batch_tokens = micro_batch_tokens
         self.skip_no_signal = skip_no_signal
         self.compute_dtype = compute_dtype
         loaded.model.remat_layers = remat  # a static attribute: part of the graph definition
@@ -119,15 +140,40 @@ class Trainer:
                 self._reference = jax.tree.map(jnp.copy, params)
                 if compute_dtype is not None:
                     self._reference = cast_floating(self._reference, DTYPES[compute_dtype])
+        self._policy_loss = resolve_policy_loss(self.loss_config)
         self._steps: dict[str, Callable] = {}
+        self.last_logps: jax.Array | None = None  # the last rl update's pre-update logprobs [B, T − 1]
 
     # -- public steps --------------------------------------------------------------------------
 
-    def rl_step(self, batch: RLBatch) -> dict[str, float]:
-        """One update on an assembled RL batch; merge in assemble_rl_batch's statistics for logging."""
+    def rl_step(self, batch: RLBatch, old_logps: jax.Array | None = None) -> dict[str, float]:
+        """One update on an assembled RL batch; merge in the batch's statistics for logging.
+
+        `old_logps`: the pre-update policy's logprobs of this batch (`last_logps` after its first update),
+        for a batch's later updates (train.num_iterations > 1); None on its first, where the current
+        policy is the pre-update one. After the update `last_logps` holds this update's pre-update
+        logprobs (device array, [B, T − 1])."""
         if self.skip_no_signal and not (batch.advantages * batch.completion_mask).any():
             return dict(SKIPPED)
-        return self._run("rl", batch._asdict(), batch.completion_mask)
+        arrays = batch._asdict()
+        if old_logps is not None:
+            arrays["old_logps"] = old_logps
+        metrics = self._run("rl" if old_logps is None else "rl_again", arrays, batch.completion_mask)
+        if "is_ratio_mean" in metrics:  # effective sample size of ρ = π_old/μ: (Σρ)² / (N Σρ²)
+            metrics["is_ess"] = metrics["is_ratio_mean"] ** 2 / max(metrics["is_ratio_sq_mean"], 1e-30)
+        if old_logps is None and not metrics.get("update_skipped"):
+            with jax.set_mesh(self.mesh):
+                quantiles = self._ratio_quantiles(self.last_logps, batch)
+            metrics.update({f"is_ratio_p{round(q * 100):02d}": v for q, v in zip(RATIO_QUANTILES, quantiles,
+                                                                                  strict=True)})
+        return metrics
+
+    def _ratio_quantiles(self, old_logps: jax.Array, batch: RLBatch) -> list[float]:
+        """Quantiles of ρ = π_old/μ over the batch's loss tokens (the whole global batch: not a sum over
+        micro-batches, so computed apart from the step)."""
+        arrays = shard_rows(self.mesh, {"behaviour": batch.behaviour_logps[:, 1:],
+                                        "mask": batch.completion_mask[:, 1:]})
+        return [float(q) for q in np.asarray(ratio_quantiles(old_logps, arrays["behaviour"], arrays["mask"]))]
 
     def compile_rl_step(self, rows: int, length: int) -> None:
         """Compile the rl step for batches of `rows` × `length` now, so that the first such step starts
@@ -136,6 +182,8 @@ class Trainer:
         with jax.set_mesh(self.mesh):
             batch = shard_rows(self.mesh, empty_rl_batch(rows, length)._asdict())
             self._step("rl").lower(self.state, batch, self._reference).compile()
+            token = jax.ShapeDtypeStruct((rows, length - 1), jnp.float32, sharding=row_sharding(self.mesh))
+            ratio_quantiles.lower(token, token, token).compile()
 
     def sft_step(self, batch: TokenBatch) -> dict[str, float]:
         return self._run("ce", batch._asdict(), batch.loss_mask)
@@ -166,49 +214,75 @@ class Trainer:
         nnx.update(self.loaded.model, self.state.params)
         return self.loaded
 
-    def _run(self, kind: str, arrays: Mapping[str, np.ndarray], loss_mask: np.ndarray) -> dict[str, float]:
-        rows = loss_mask.shape[0]
-        if rows % self.micro_batches:
-            raise ValueError(f"batch of {rows} rows does not split into {self.micro_batches} micro-batches")
+    def rl_row_multiple(self, row_tokens: int) -> int:
+        """Rows of an rl batch of `row_tokens`-token rows come in multiples of this: one micro-batch's rows
+        (micro_batch_tokens, whole rows, a multiple of the data shards) or micro_batches × data shards."""
+        shards = self.mesh.shape[BATCH_AXIS]
+        if self.micro_batch_tokens:
+            return max(1, self.micro_batch_tokens // (row_tokens * shards)) * shards
+        return self.micro_batches * shards
+
+    def _parts(self, kind: str, rows: int, length: int) -> int:
+        """The micro-batches a batch of `rows` × `length` splits into."""
+        if kind == "ce" or not self.micro_batch_tokens:
+            parts = self.micro_batches
+        else:
+            parts = rows // self.rl_row_multiple(length)
+        if not parts or rows % parts:
+            raise ValueError(f"batch of {rows} rows does not split into {parts or self.micro_batches} micro-batches")
+        return parts
+
+    def _run(self, kind: str, arrays: Mapping[str, np.ndarray | jax.Array], loss_mask: np.ndarray
+             ) -> dict[str, float]:
+        self._parts(kind, *loss_mask.shape)
         if not loss_mask.any():
             return dict(SKIPPED)
         with Throughput() as meter, jax.set_mesh(self.mesh):
-            batch = shard_rows(self.mesh, arrays)
-            self.state, metrics = self._step(kind)(self.state, batch, self._reference)
+            batch = shard_rows(self.mesh, {k: v for k, v in arrays.items() if isinstance(v, np.ndarray)})
+            batch.update({k: v for k, v in arrays.items() if not isinstance(v, np.ndarray)})  # already placed
+            self.state, metrics, logps = self._step(kind)(self.state, batch, self._reference)
+            if kind.startswith("rl"):
+                self.last_logps = logps
             metrics = to_host(metrics)
         return {**metrics, **meter.metrics(int(arrays["attention_mask"].sum()))}
 
     def _step(self, kind: str) -> Callable:
-        """The jitted update of `kind` (one per kind; jax caches its compilations per batch shape)."""
+        """The jitted update of `kind` (one per kind; jax caches its compilations per batch shape):
+        "rl" (a batch's first update), "rl_again" (a later one: π_old given) or "ce" (sft, pretrain)."""
         if kind not in self._steps:
-            loss_fn = self._rl_loss if kind == "rl" else self._ce_loss
+            loss_fn = self._ce_loss if kind == "ce" else functools.partial(self._rl_loss, given_old=kind == "rl_again")
             self._steps[kind] = jax.jit(functools.partial(self._update, loss_fn=loss_fn, kind=kind),
                                         donate_argnums=0)
         return self._steps[kind]
 
     def _normalizer(self, batch: Batch, kind: str) -> Normalizer:
-        return normalizer_for(batch["completion_mask" if kind == "rl" else "loss_mask"][:, 1:])
+        mask = batch["loss_mask" if kind == "ce" else "completion_mask"][:, 1:]
+        return normalizer_for(mask, Sequences.of(batch["segment_ids"][:, 1:]))
 
     def _update(self, state: TrainState, batch: Batch, reference: nnx.State | None, *, loss_fn: LossFn,
-                kind: str) -> tuple[TrainState, dict[str, jax.Array]]:
+                kind: str) -> tuple[TrainState, dict[str, jax.Array], jax.Array]:
         norm = self._normalizer(batch, kind)
-        k = self.micro_batches
+        k = self._parts(kind, *batch["input_ids"].shape)
         # Micro-batch j takes rows j, j+k, j+2k, ...: each keeps rows spread over all fsdp shards.
         micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), batch)
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
         def accumulate(carry, mb):
-            return jax.tree.map(jnp.add, carry, grad_fn(state.params, mb, norm, reference)), None
+            (loss, (metrics, logps)), grads = grad_fn(state.params, mb, norm, reference)
+            return jax.tree.map(jnp.add, carry, ((loss, metrics), grads)), logps
 
-        shapes = jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro), norm, reference)
-        ((loss, metrics), grads), _ = jax.lax.scan(accumulate, jax.tree.map(jnp.zeros_like, shapes), micro)
+        first = jax.tree.map(lambda x: x[0], micro)
+        (loss_shape, (metric_shapes, _)), grad_shapes = jax.eval_shape(grad_fn, state.params, first, norm, reference)
+        zeros = jax.tree.map(jnp.zeros_like, ((loss_shape, metric_shapes), grad_shapes))
+        ((loss, metrics), grads), logps = jax.lax.scan(accumulate, zeros, micro)
+        logps = logps.swapaxes(0, 1).reshape(batch["input_ids"].shape[0], *logps.shape[2:])  # the batch's row order
         updates, opt_state = self._tx.update(grads, state.opt_state, state.params)
         metrics = {"loss": loss, **metrics, "grad_norm": optax.tree.norm(grads),
                    "update_norm": optax.tree.norm(updates), "learning_rate": self._schedule(state.step),
                    "update_skipped": jnp.zeros(())}
         new_state = TrainState(params=optax.apply_updates(state.params, updates), opt_state=opt_state,
                                step=state.step + 1, rng=state.rng)
-        return new_state, metrics
+        return new_state, metrics, logps
 
     def _merge(self, params: nnx.State) -> nnx.Module:
         """The model on `params` cast to the compute dtype (the gradient flows back through the cast)."""
@@ -216,22 +290,27 @@ class Trainer:
             params = cast_floating(params, DTYPES[self.compute_dtype])
         return nnx.merge(self._graphdef, params, self._rest)
 
-    def _rl_loss(self, params: nnx.State, mb: Batch, norm: Normalizer, reference: nnx.State | None):
+    def _rl_loss(self, params: nnx.State, mb: Batch, norm: Normalizer, reference: nnx.State | None, *,
+                 given_old: bool):
         def logprobs(p: nnx.State) -> tuple[jax.Array, jax.Array]:
-            return per_token_logprobs(self._merge(p), mb["input_ids"], mb["attention_mask"],
-                                      temperature=self.temperature, chunk_tokens=self.chunk_tokens)
+            hidden = packed_hidden(self._merge(p), mb["input_ids"], mb["segment_ids"], mb["positions"])[:, :-1]
+            return logprobs_from_hidden(self._merge(p), hidden, mb["input_ids"][:, 1:], temperature=self.temperature,
+                                        chunk_tokens=self.chunk_tokens)
 
         logps, entropy = logprobs(params)
         ref = None
         if reference is not None:
             ref = jax.lax.stop_gradient(logprobs(reference)[0])
-        return policy_loss(logps, mb["behaviour_logps"][:, 1:], mb["advantages"][:, 1:],
-                           mb["completion_mask"][:, 1:], self.loss_config, norm,
-                           ref_logps=ref, entropy=entropy)
+        loss, metrics = rl_loss(logps, mb["behaviour_logps"][:, 1:], mb["advantages"][:, 1:],
+                                mb["completion_mask"][:, 1:], Sequences.of(mb["segment_ids"][:, 1:]),
+                                self.loss_config, norm, self._policy_loss,
+                                old_logps=mb["old_logps"] if given_old else None, ref_logps=ref, entropy=entropy)
+        return loss, (metrics, jax.lax.stop_gradient(logps))
 
     def _ce_loss(self, params: nnx.State, mb: Batch, norm: Normalizer, reference: nnx.State | None):
         del reference  # no KL term in sft / pretrain
-        return masked_cross_entropy(self._merge(params), mb, mb["input_ids"][:, 1:], norm, self.chunk_tokens)
+        loss, metrics = masked_cross_entropy(self._merge(params), mb, mb["input_ids"][:, 1:], norm, self.chunk_tokens)
+        return loss, (metrics, jnp.zeros((mb["input_ids"].shape[0], 0), jnp.float32))
 
 
 def masked_cross_entropy(model: nnx.Module, batch: Batch, targets: jax.Array, norm: Normalizer,

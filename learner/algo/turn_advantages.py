@@ -2,8 +2,9 @@
 group's rewards into one advantage per assistant turn, which every sampled token of that turn gets.
 
 The group's statistics come from `learner.algo.advantages.group_advantages` over the trajectories'
-summed rewards R_j = Σ_t r_jt: baseline b = mean_j R_j and scale s = std_j R_j + ε (s = 1 without
-std_normalize). Built-in rules, for trajectory j and its turn t of T_j:
+summed rewards R_j = Σ_t r_jt: baseline b = mean_j R_j and the estimator's scale s (grpo: std_j R_j + ε;
+dr_grpo: 1; reinforce_pp: the batch's std + ε; rloo's per-completion baseline takes `trajectory` only).
+Built-in rules, for trajectory j and its turn t of T_j:
 
     trajectory     A_jt = (R_j − b) / s                       GRPO: every turn gets the trajectory's advantage
     reward_to_go   A_jt = (Σ_{k≥t} r_jk − b) / s              a turn is credited with the rewards after it only
@@ -26,10 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from learner.algo.advantages import group_advantages
+from learner.algo.advantages import STD_EPSILON, GroupAdvantages, group_advantages
 from rewards.registry import import_reference
 
 TRAJECTORY = "trajectory"
@@ -48,7 +50,7 @@ class GroupTurnRewards:
     epsilon: float
     """the ε of the group's std"""
     std_normalize: bool
-    """whether the run divides by a std (False: Dr.GRPO)"""
+    """whether the run's estimator divides by a std (grpo, reinforce_pp; False: dr_grpo)"""
 
 
 TurnAdvantageFn = Callable[[GroupTurnRewards], Sequence[np.ndarray]]
@@ -71,7 +73,8 @@ def per_turn_grpo(group: GroupTurnRewards) -> list[np.ndarray]:
     by_turn = np.full((max(len(r) for r in group.turn_rewards), len(group.turn_rewards)), np.nan)
     for j, rewards in enumerate(group.turn_rewards):  # NaN: the trajectory did not reach that turn
         by_turn[:len(rewards), j] = rewards
-    advantages = group_advantages(by_turn, std_normalize=group.std_normalize, epsilon=group.epsilon).advantages
+    estimator = "grpo" if group.std_normalize else "dr_grpo"
+    advantages = group_advantages(by_turn, estimator=estimator, epsilon=group.epsilon).advantages
     return [advantages[:len(r), j] for j, r in enumerate(group.turn_rewards)]
 
 
@@ -102,3 +105,37 @@ def turn_advantages(fn: TurnAdvantageFn, group: GroupTurnRewards) -> list[np.nda
                              f"{len(rewards)} finite numbers, one per turn")
         checked.append(advantages)
     return checked
+
+
+def token_advantages(groups: Sequence[Any], scored: GroupAdvantages, rule: TurnAdvantageFn,
+                     std_normalize: bool) -> list[list[np.ndarray]]:
+    """Per group, per completion: one advantage per token of its token_ids, each sampled token its turn's
+    (`rule`; `trajectory`: the estimator's advantage of the completion, on every turn), 0 on observation
+    tokens, and 0 throughout for an unscorable completion or a group without signal.
+
+    `groups` are `learner.algo.rl_batch.GroupLike` (completions with token_ids, reward, turns, loss_mask)."""
+    result = []
+    for i, group in enumerate(groups):
+        per_turn = {} if scored.zero_signal[i] else _turn_values(group, i, scored, rule, std_normalize)
+        result.append([np.repeat(per_turn[j], _turn_lengths(c)) * c.loss_mask if j in per_turn
+                       else np.zeros(len(c.token_ids)) for j, c in enumerate(group.completions)])
+    return result
+
+
+def _turn_values(group: Any, index: int, scored: GroupAdvantages, rule: TurnAdvantageFn,
+                 std_normalize: bool) -> dict[int, np.ndarray]:
+    """Completion j of a group with signal → its turns' advantages, for the group's scorable completions."""
+    scorable = [j for j, c in enumerate(group.completions) if c.reward is not None]
+    if rule is trajectory:  # exactly the estimator's (rloo's baseline is per completion, not b)
+        return {j: np.full(len(group.completions[j].turns) or 1, scored.advantages[index, j]) for j in scorable}
+    rewards = GroupTurnRewards(
+        turn_rewards=tuple(np.array([t.reward or 0.0 for t in group.completions[j].turns]
+                                    or [group.completions[j].reward], np.float64) for j in scorable),
+        baseline=float(scored.baselines[index]), scale=float(scored.scales[index]), epsilon=STD_EPSILON,
+        std_normalize=std_normalize)
+    return dict(zip(scorable, turn_advantages(rule, rewards), strict=True))
+
+
+def _turn_lengths(completion: Any) -> list[int]:
+    """Tokens of each turn, its observation's included (one turn: all of them)."""
+    return [t.sampled_tokens + t.observation_tokens for t in completion.turns] or [len(completion.token_ids)]

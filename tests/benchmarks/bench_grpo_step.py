@@ -3,7 +3,7 @@
 Variants, on the same model (qwen2 family loaded from a random HF dir by models.jax_model), batch,
 behaviour/reference logprobs and advantages:
   tunix            tunix.rl.grpo.grpo_learner.grpo_loss_fn (full [B, T, V] logits)
-  tandem           learner.algo.logprobs.per_token_logprobs (chunk_tokens) + learner.algo.losses.policy_loss
+  tandem           learner.algo.logprobs.per_token_logprobs (chunk_tokens) + learner.algo.losses.rl_loss
   tandem-unchunked the same with chunk_tokens=None
 Memory: each variant runs once in its own subprocess, so its peak is its own: XLA's compiled temp
 buffer size (memory_analysis) and the measured peak, the device's peak_bytes_in_use where the
@@ -98,7 +98,9 @@ def step_function(variant: str, model, data: dict, chunk_tokens: int):
             return grpo_learner.grpo_loss_fn(nnx.merge(graphdef, s), example, config, PAD_ID, EOS_ID)[0]
     else:
         from learner.algo.logprobs import per_token_logprobs
-        from learner.algo.losses import LossConfig, normalizer_for, policy_loss
+        from learner.algo.losses import LossConfig, normalizer_for, rl_loss
+        from learner.algo.policy_losses import resolve_policy_loss
+        from learner.algo.sequences import Sequences
 
         config = LossConfig(algorithm="grpo", aggregation="token-mean", **LOSS)
         ids = jnp.concatenate([d["prompt_ids"], d["completion_ids"]], 1)
@@ -109,8 +111,9 @@ def step_function(variant: str, model, data: dict, chunk_tokens: int):
 
         def loss(s):
             logps, _ = per_token_logprobs(nnx.merge(graphdef, s), ids, mask, chunk_tokens=chunk)
-            return policy_loss(logps[:, start:], d["old"], d["advantages"], completion_mask, config,
-                               normalizer_for(completion_mask), ref_logps=d["ref"])[0]
+            seqs = Sequences.of(jnp.ones(completion_mask.shape, jnp.int32))
+            return rl_loss(logps[:, start:], d["old"], d["advantages"], completion_mask, seqs, config,
+                           normalizer_for(completion_mask, seqs), resolve_policy_loss(config), ref_logps=d["ref"])[0]
 
     return jax.jit(jax.value_and_grad(loss)), state
 

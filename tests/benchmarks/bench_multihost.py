@@ -57,8 +57,9 @@ def worker(model_dir: str, scale: int, steps: int, num_processes: int, process_i
     rng = np.random.default_rng(0)
     attention = (np.arange(LENGTH)[None] < rng.integers(26, LENGTH + 1, rows)[:, None]).astype(np.int32)
     completion = (attention * (np.arange(LENGTH)[None] >= 24)).astype(np.float32)
-    batch = RLBatch(rng.integers(5, 40, (rows, LENGTH)).astype(np.int32), attention, completion,
-                    np.where(completion > 0, -1.5, 0).astype(np.float32),
+    positions = (np.arange(LENGTH, dtype=np.int32)[None] * attention).astype(np.int32)  # one sequence a row
+    batch = RLBatch(rng.integers(5, 40, (rows, LENGTH)).astype(np.int32), attention, attention.copy(), positions,
+                    completion, np.where(completion > 0, -1.5, 0).astype(np.float32),
                     (rng.normal(size=(rows, 1)) * completion).astype(np.float32))  # one advantage per completion
     times: dict[str, list[float]] = {"broadcast_s": [], "step_s": [], "export_s": [], "fanout_s": []}
     fanout = fanout_rows(mesh) if num_processes > 1 else None
