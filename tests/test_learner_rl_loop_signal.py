@@ -152,3 +152,18 @@ def test_num_iterations_reuses_each_batch_and_publishes_once_per_step(tmp_path):
     for m in metrics:
         assert {"loss_last", "ratio_mean_last", "clip_frac_high_last", "update_norm_last"} <= m.keys()
         assert m["ratio_mean_last"] != pytest.approx(m["ratio_mean"], abs=1e-6)
+
+
+def test_a_users_policy_loss_and_a_correction_run_in_the_loop(tmp_path):
+    """`algo.algorithm: package.module:function` (a file of the user's, not registered anywhere) trains the
+    run with its kwargs, beside an off-policy correction whose metrics every step reports."""
+    run = tiny_run(tmp_path / "user", steps=STEPS, checkpoint_every=10, overrides=[
+        "algo.dynamic_sampling=fill", "algo.algorithm=tests.user_policy_loss:reinforce",
+        "algo.loss_kwargs={scale: 0.5}", "algo.correction={kind: icepop, low: 0.5, high: 2.0}"])
+    metrics: list[dict] = []
+    loop, accounting = _run_loop(run, on_step=lambda loop, step, m: metrics.append(m))
+    assert balance_violations(accounting) == [] and len(metrics) == STEPS
+    for m in metrics:
+        assert m["reinforce_scale"] == pytest.approx(0.5)  # the user's loss computed the step
+        assert {"is_ess", "kl_old_behaviour", "masked_token_frac", "is_ratio_p50"} <= m.keys()
+        assert 0 < m["is_ess"] <= 1.0 + 1e-6

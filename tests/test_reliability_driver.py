@@ -1,5 +1,5 @@
 """The driver itself killed: `ray job submit ... launch/rl.py` SIGKILLed mid-run, then submitted again
-with the same command, as a user would.
+with the same command, as a user would. The job trains with a user's policy loss (`module:function`).
 
 The rollout actor and the reward worker are detached, so they outlive the killed driver. The second
 job resumes from the last checkpoint, re-attaches to the same fleet (the same actor, moved to the
@@ -36,7 +36,11 @@ def rl_job(ray_head, run_dir, data_dir) -> list[str]:
         # the asynchronous loop (as the demo config is), pinned: groups in flight across the kill
         "rollout.sync=false", "rollout.max_staleness=1",
         # a model from scratch gets no reward: 'fill' would retire every group and train on none
-        "algo.dynamic_sampling=off")
+        "algo.dynamic_sampling=off",
+        # a user's policy loss, from a file of the job's working dir (not registered anywhere); every step
+        # runs it (no reward, so no step would have signal to update on)
+        "algo.algorithm=tests.user_policy_loss:reinforce", "algo.loss_kwargs={scale: 2.0}",
+        "train.skip_no_signal=false")
 
 
 def driver_processes(run_dir) -> list[psutil.Process]:
@@ -89,6 +93,8 @@ def test_a_killed_driver_resubmitted_reattaches_to_its_actors_and_loses_nothing(
 
     summary = json.loads((run_dir / "summary.json").read_text())
     accounting = summary["accounting"]
+    steps = [json.loads(line) for line in (run_dir / "tb" / "metrics.jsonl").read_text().splitlines()]
+    assert {s.get("reinforce_scale") for s in steps} == {2.0}  # the user's loss computed every step
     assert summary["fleet"] == {"name": "driver-kill-test", "reattached": True}
     assert summary["steps"] == STEPS and summary["accounting_violations"] == []
     assert accounting["groups_consumed"] == STEPS * PROMPTS, accounting
