@@ -11,7 +11,8 @@ each kind at its defaults (learner/schema.py). Prints one JSON line: per run the
 evaluations, held-out greedy), the final accuracy, the first minute at or above --target, whether it
 collapsed (an evaluation --collapse or more below the best one before it) and its off-policy picture
 (means over steps of staleness, is_ess, kl_old_behaviour, masked and capped fractions); per correction
-the medians and ranges over the starts and the count of collapses.
+the medians and ranges over the starts and the count of collapses. Minutes move with the machine's load;
+steps to --target (evaluated every 20) do not.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_time_to_accuracy import DEMO_CONFIG, ROOT, curve, first_at, median_or_none  # noqa: E402
+from bench_time_to_accuracy import DEMO_CONFIG, GREEDY, ROOT, curve, first_at, median_or_none  # noqa: E402
 
 PICTURE = ("staleness_mean", "is_ess", "kl_old_behaviour", "masked_token_frac", "capped_token_frac", "is_weight_mean")
 
@@ -62,8 +63,17 @@ def run_one(args: argparse.Namespace, kind: str, index: int) -> dict:
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, env=env)
     points = curve(run_dir)
     return {"correction": kind, "start": index, "curve": points, "final_accuracy": points[-1][1],
-            "minutes_to_target": first_at(points, args.target), "collapsed": collapsed(points, args.collapse),
-            **picture(run_dir)}
+            "minutes_to_target": first_at(points, args.target), "steps_to_target": steps_to(run_dir, args.target),
+            "collapsed": collapsed(points, args.collapse), **picture(run_dir)}
+
+
+def steps_to(run_dir: Path, target: float) -> int | None:
+    """The first step whose held-out evaluation is at or above `target` (a clock a loaded machine keeps)."""
+    for line in (run_dir / "tb" / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row.get(GREEDY, -1.0) >= target:
+            return row["step"]
+    return None
 
 
 def main() -> None:
@@ -92,6 +102,8 @@ def main() -> None:
         summary[kind] = {"final_accuracy": {"median": statistics.median(finals), "range": [min(finals), max(finals)]},
                          "minutes_to_target": {"median": median_or_none([r["minutes_to_target"] for r in mine]),
                                                "each": [r["minutes_to_target"] for r in mine]},
+                         "steps_to_target": {"median": median_or_none([r["steps_to_target"] for r in mine]),
+                                             "each": [r["steps_to_target"] for r in mine]},
                          "collapses": sum(r["collapsed"] for r in mine), "runs": len(mine),
                          **{key: statistics.median(r[key] for r in mine if key in r) for key in PICTURE
                             if any(key in r for r in mine)}}
