@@ -69,7 +69,6 @@ from learner.service.group_stream import GroupStream
 from learner.service.group_validation import CompletionRecord, GroupLimits, GroupRecord
 from learner.service.late_groups import LateGroupWait
 from learner.service.lease_budget import StepPace
-from learner.service.log_throttle import KeyedThrottle
 from learner.service.pacing import LeaseAsk, LeaseOutcome, budget_step, decide_lease, may_lease
 from learner.service.prompt_source import PromptSource, PromptState
 from learner.service.stale_log import StaleLog
@@ -90,6 +89,7 @@ from tandem_wire.limits import (
     MAX_LABEL_CHARS,
     MAX_METADATA_BYTES,
 )
+from tandem_wire.log_throttle import KeyedThrottle
 
 __all__ = [
     "LearnerService",
