@@ -21,15 +21,24 @@ refused UNAUTHENTICATED (a restarted learner, or an expired registration), prese
 it holds so that the learner renews it rather than starting a new incarnation. A client whose
 registration was superseded by another client of the same actor id (PERMISSION_DENIED) does not take
 the id back: its calls fail and its group stream closes the client.
+
+A busy learner: a call refused RESOURCE_EXHAUSTED (a pool of the learner's is full) or UNAVAILABLE is
+tried again after a jittered back-off (RETRY_BACKOFF_S), up to RETRY_BACKOFF_S's length and within the
+call's deadline; every such refusal is counted (`calls_refused`) and logged at most once a minute per
+method and code. A unary call still refused then raises LearnerBusy (RESOURCE_EXHAUSTED) or
+LearnerUnavailable, which a rollout actor's loops ride out: they ask again later. The group stream
+reconnects after any break, with the same jitter. FetchWeights retries RESOURCE_EXHAUSTED only: a learner
+that is down fails a fetch at once, and the old weights keep serving.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +53,7 @@ from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
 from tandem_wire.auth import AUTH_METADATA_KEY, bearer
 from tandem_wire.bulk import shared_memory_domain
 from tandem_wire.limits import CREDENTIAL_METADATA_KEY, ENROLLMENT_METADATA_KEY, MAX_DETAIL_CHARS
+from tandem_wire.log_throttle import KeyedThrottle
 
 __all__ = [
     "LearnerClient",
@@ -51,16 +61,21 @@ __all__ = [
     "Prompt",
     "LeaseReply",
     "LearnerUnavailable",
+    "LearnerBusy",
     "StagedWeights",
     "WeightTransferError",
 ]
 
 log = logging.getLogger(__name__)
 
-# A group stream ending with one of these is routine (a learner restart, an idle stream cancelled, a
-# registration the learner no longer knows): reconnect quietly.
 RENEW_ATTEMPTS = 3  # calls refused UNAUTHENTICATED and renewed before the last try
-EXPECTED_STREAM_ENDS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAUTHENTICATED)
+# A group stream ending with one of these is routine (an idle stream cancelled, a registration the learner
+# no longer knows): reconnect quietly.
+EXPECTED_STREAM_ENDS = (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAUTHENTICATED)
+# A call ending with one of these (the learner busy, or restarting) is counted and tried again.
+RETRIED_CODES = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
+RETRY_BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8)  # before each retry of a refused call; each scaled by 0.5-1
+REFUSAL_LOG_S = 60.0  # at most one warning per method and code of refusal
 CLIENT_CHANNEL_OPTIONS = [  # reconnect quickly after a learner restart (gRPC's default is up to 120 s)
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -70,6 +85,22 @@ CLIENT_CHANNEL_OPTIONS = [  # reconnect quickly after a learner restart (gRPC's 
 
 class LearnerUnavailable(ConnectionError):
     """The learner did not answer within the call timeout."""
+
+
+class LearnerBusy(LearnerUnavailable, grpc.RpcError):
+    """The learner refused a call RESOURCE_EXHAUSTED (at capacity) on every try. A LearnerUnavailable, so
+    a loop that rides out an unavailable learner rides this out too, and the grpc.RpcError it ends in
+    (`code()`, `details()`) for callers that tell refusals apart."""
+
+    def __init__(self, message: str, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(message)
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
 
 
 @dataclass(frozen=True)
@@ -153,6 +184,8 @@ class LearnerClient:
         self._relay = relay
         # how versions arrived: from shared memory, streamed by the learner, relayed by another actor
         self.weight_fetches = {"shared": 0, "streamed": 0, "relayed": 0, "shared_failed": 0, "relay_failed": 0}
+        self.calls_refused: Counter[str] = Counter()  # "<method> <code>" -> refusals seen (each retried)
+        self._refusal_log = KeyedThrottle(REFUSAL_LOG_S)
 
     # ================================================================== registration, prompts
 
@@ -320,6 +353,20 @@ class LearnerClient:
         return dataclasses.replace(staged, transfer_s=time.monotonic() - start)
 
     def _fetch(self, version: int, bulk: bool, source: list[str]) -> StagedWeights:
+        """A FetchWeights call, tried again after a back-off while the learner refuses it RESOURCE_EXHAUSTED
+        (its weight streams are all open)."""
+        backoffs = iter(RETRY_BACKOFF_S)
+        while True:
+            try:
+                return self._fetch_once(version, bulk, source)
+            except WeightTransferError as error:
+                refused = error.__cause__
+                if not (isinstance(refused, grpc.RpcError) and refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                        and self._retry_after("FetchWeights", refused, next(backoffs, None))):
+                    raise
+                source.clear()
+
+    def _fetch_once(self, version: int, bulk: bool, source: list[str]) -> StagedWeights:
         """One FetchWeights call. With `bulk` the learner may answer with a shared file (when we share its
         host's memory) or with another actor's relay; `source` notes which ("shared", "relayed"; nothing:
         the learner's chunks). A streamed version is relayed by ours."""
@@ -458,20 +505,56 @@ class LearnerClient:
         return self._call(method, request, timeout, self._current_credential())
 
     def _call(self, method: str, request: Any, timeout: float | None, credential: str | None) -> Any:
-        """One unary call; ``method`` names a stub method (looked up now: ``retarget`` swaps the stub)."""
-        try:
-            return getattr(self._stub, method)(
-                request, metadata=self._metadata(credential), timeout=timeout or self._call_timeout_s,
-                wait_for_ready=True
-            )
-        except grpc.RpcError as error:
-            # CANCELLED: the channel was closed under the call by retarget()
-            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                                grpc.StatusCode.CANCELLED):
-                raise LearnerUnavailable(
-                    f"learner at {self.address}: {error.code().name}: {error.details()}"
-                ) from error
-            raise
+        """One unary call, tried again after a back-off while it is refused RESOURCE_EXHAUSTED or
+        UNAVAILABLE, within one deadline; ``method`` names a stub method (looked up at each try:
+        ``retarget`` swaps the stub)."""
+        deadline = time.monotonic() + (timeout or self._call_timeout_s)
+        backoffs = iter(RETRY_BACKOFF_S)
+        while True:
+            try:
+                return getattr(self._stub, method)(
+                    request, metadata=self._metadata(credential), timeout=max(0.0, deadline - time.monotonic()),
+                    wait_for_ready=True
+                )
+            except grpc.RpcError as error:
+                code = error.code()
+                if code in RETRIED_CODES and self._retry_after(method, error, next(backoffs, None), deadline):
+                    continue
+                where = f"learner at {self.address}: {method}: {code.name}: {error.details()}"
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise LearnerBusy(where, code, error.details()) from error
+                # CANCELLED: the channel was closed under the call by retarget()
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                            grpc.StatusCode.CANCELLED):
+                    raise LearnerUnavailable(where) from error
+                raise
+
+    def _retry_after(self, method: str, error: grpc.RpcError, backoff_s: float | None,
+                     deadline: float = float("inf")) -> bool:
+        """Count and log (throttled) a refusal of `method`, then wait `backoff_s` scaled by a random 0.5-1
+        (callers refused together do not come back together); False, at once, when there is no back-off
+        left (None), it would pass `deadline`, or the client is closed."""
+        self._note_refusal(method, error)
+        if backoff_s is None:
+            return False
+        wait_s = backoff_s * random.uniform(0.5, 1.0)
+        if time.monotonic() + wait_s >= deadline:
+            return False
+        with self._cond:
+            return not self._cond.wait_for(lambda: self._closed, wait_s)
+
+    def _note_refusal(self, method: str, error: grpc.RpcError) -> None:
+        """Count a call that ended RESOURCE_EXHAUSTED (the learner is busy) or UNAVAILABLE (e.g. restarting);
+        log it at most once a minute per method and code (a learner refusing under a flood must not flood
+        this actor's log): a warning when busy."""
+        key = f"{method} {error.code().name}"
+        with self._cond:
+            self.calls_refused[key] += 1
+        busy = error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        level = (logging.WARNING if busy else logging.INFO) if self._refusal_log.allow(key) else logging.DEBUG
+        log.log(level, "%s: %s to %s ended %s (%.200s); trying again after a back-off. At most one such line "
+                "per %.0f s: calls_refused counts them all", self.actor_id, method, self.address, error.code().name,
+                error.details(), REFUSAL_LOG_S)
 
     def _backlog_fits(self) -> bool:
         return self._closed or self._outbox.backlog_fits()
@@ -498,19 +581,17 @@ class LearnerClient:
                 if error.code() == grpc.StatusCode.PERMISSION_DENIED:
                     self._close_superseded(error)
                     return
-                expected = error.code() in EXPECTED_STREAM_ENDS
-                log.log(
-                    logging.INFO if expected else logging.WARNING,
-                    "group stream to %s broke: %s %s",
-                    self.address,
-                    error.code(),
-                    error.details(),
-                )
+                if error.code() in RETRIED_CODES:
+                    self._note_refusal("StreamGroups", error)
+                else:
+                    expected = error.code() in EXPECTED_STREAM_ENDS
+                    log.log(logging.INFO if expected else logging.WARNING, "group stream to %s broke: %s %s",
+                            self.address, error.code(), error.details())
             with self._cond:
                 if self._closed:
                     return
                 self._outbox.end_stream()  # ends this stream's request generator; counts a reconnect
-                self._cond.wait(backoff)
+                self._cond.wait(backoff * random.uniform(0.5, 1.0))
             backoff = min(2 * backoff, PROBE_DELAY_S[1])
             self._reregister()
 

@@ -61,7 +61,15 @@ from actors.config import ActorConfig
 from actors.engine import CheckedWeights, RolloutEngine, Sample, SamplingSpec, WeightSetError
 from actors.episodes import EpisodeRunner
 from actors.groups import PROMPT_TOO_LONG, rejected_group, scored_group
-from actors.learner_client import LearnerClient, LearnerUnavailable, LeaseReply, Prompt, WeightTransferError
+from actors.learner_client import (
+    LearnerBusy,
+    LearnerClient,
+    LearnerUnavailable,
+    LeaseReply,
+    Prompt,
+    RegisterInfo,
+    WeightTransferError,
+)
 from actors.pending_weights import PendingWeights
 from actors.scoring import RewardScorer
 from actors.stats import ActorStats, TimeShareMeter
@@ -208,7 +216,9 @@ class RolloutActor:
         """
         self._idle.clear()
         try:
-            info = self.client.register(self.capabilities(), self.version)
+            info = self._register()
+            if info is None:
+                return self.stats()
             self._heartbeat_s = info.heartbeat_interval_s
             with self._update_lock:
                 self._maybe_update_weights(info.latest_version)  # never sample with weights known to be old
@@ -252,6 +262,7 @@ class RolloutActor:
             rss_bytes=psutil.Process().memory_info().rss,
             weight_sources=dict(self.client.weight_fetches),
             relay_bytes_served=self.relay.bytes_served if self.relay else 0,
+            calls_refused=dict(self.client.calls_refused),
             episodes=self._episode_counts(),
         )
 
@@ -293,12 +304,24 @@ class RolloutActor:
 
     # ------------------------------------------------------------------ sampling loops
 
+    def _register(self) -> RegisterInfo | None:
+        """Register with the learner, asking again while it refuses us as busy (the client has logged and
+        counted each refusal) until stopped (None)."""
+        while not self._stop.is_set():
+            try:
+                return self.client.register(self.capabilities(), self.version)
+            except LearnerBusy:
+                self._stop.wait(self.config.idle_poll_s)
+        return None
+
     def _lease(self, max_prompts: int) -> LeaseReply:
         self._ask_again.clear()  # set again by a load, an announcement (or stop)
         try:
             return self.client.lease_prompts(max_prompts)
-        except LearnerUnavailable as error:  # learner restarting: keep trying until stopped
-            log.warning("%s: lease failed: %s", self.actor_id, error)
+        except LearnerUnavailable as error:  # learner restarting or busy: keep trying until stopped
+            # the client logs a busy learner's refusals itself, at most once a minute
+            log.log(logging.DEBUG if isinstance(error, LearnerBusy) else logging.WARNING, "%s: lease failed: %s",
+                    self.actor_id, error)
             return LeaseReply([], False, 0.0)
 
     def _wait_for_prompts(self, seconds: float) -> None:

@@ -1,7 +1,8 @@
 """Floods of cheap calls by holders of the run token (issue 41), over real gRPC on loopback: a call takes a
 slot of the actor it proves it speaks for (its credential, or on Register its enrollment token), and every
 call that proves nothing shares one bounded pool, so 96 threads naming an enrolled actor's id refuse none
-of its calls; Status is served apart and answers every caller under a flood."""
+of its calls; Status is served apart and answers every caller under a flood; a client refused as busy
+tries again with back-off, counts it, and ends in an error its actor's loops ride out."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from wire_helpers import (
     CAPABILITIES,
     RawActor,
     assert_honest_actor_served,
+    connected_client,
     make_prompts,
     running_service,
     wait_until,
 )
 
+from actors.learner_client import RETRY_BACKOFF_S, LearnerBusy, LearnerUnavailable
 from learner.service.call_limits import SharedReply
 from learner.service.prompt_source import PromptSource
 from tandem_wire import WIRE_VERSION, enrollment, pb
@@ -196,6 +199,45 @@ def test_status_readers_past_its_builders_share_the_newest_reply_at_once():
     assert reply.read() == 3  # a builder free: built now
     with pytest.raises(ValueError):
         SharedReply(build, builders=0)
+
+
+def test_a_client_refused_busy_on_every_try_raises_learner_busy_and_counts_each_refusal():
+    """The client's own calls fill its 8 slots while the service is busy: its lease is refused
+    RESOURCE_EXHAUSTED on the first try and each retry, then raises LearnerBusy: a LearnerUnavailable
+    (what an actor's loops ride out) and the grpc.RpcError it ended in. Once the service is free, it leases."""
+    slots = 8  # unary_calls_per_actor
+    with running_service(PromptSource(make_prompts(64), epochs=None)) as (service, address):
+        client = connected_client(address, "a")
+        stop = threading.Event()
+
+        def heartbeats() -> None:
+            while not stop.is_set():
+                try:
+                    client.heartbeat(0)
+                except LearnerUnavailable:
+                    pass
+
+        flood = [threading.Thread(target=heartbeats) for _ in range(slots + 1)]
+        try:
+            with service._cond:
+                for thread in flood:
+                    thread.start()
+                wait_until(lambda: client.calls_refused["Heartbeat RESOURCE_EXHAUSTED"] > 0, timeout=60,
+                           what="the client's own slots full")
+                with pytest.raises(LearnerBusy) as refused:
+                    client.lease_prompts(1)
+                stop.set()
+        finally:
+            stop.set()
+            for thread in flood:
+                thread.join(timeout=60)
+        assert isinstance(refused.value, LearnerUnavailable) and isinstance(refused.value, grpc.RpcError)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert f"{slots} unary calls of 'a' are open" in refused.value.details()
+        assert client.calls_refused["LeasePrompts RESOURCE_EXHAUSTED"] == len(RETRY_BACKOFF_S) + 1
+        assert service.accounting()["calls_refused_busy"] == sum(client.calls_refused.values())
+        assert len(client.lease_prompts(1).prompts) == 1
+        client.close()
 
 
 def test_a_malformed_enrollment_token_is_told_what_to_present():
