@@ -21,7 +21,7 @@ every group comes from one version and carries the behaviour logprobs that produ
 with completions as short as these, draining costs a few steps, wastes nothing, and keeps the wire
 format and the loss unchanged; measured in the README.) A version that fails its transfer or
 validation is reported and the actor keeps serving the one it has. The swap's state (what is
-pending, when it is due, what was rejected) is ``actors.pending_weights.PendingWeights``: the threads
+pending, when it is due, what was rejected) is ``actors.weights.pending.PendingWeights``: the threads
 tell it what happened (a version fetched, an engine step, a credit wait) and load what it says is
 due (``_swap``). A heartbeat thread reports liveness, version and throughput until ``stop()``, also
 after ``run()`` returned (an idle actor is alive, not dead).
@@ -70,11 +70,11 @@ from actors.learner_client import (
     RegisterInfo,
     WeightTransferError,
 )
-from actors.pending_weights import PendingWeights
 from actors.scoring import RewardScorer
 from actors.stats import ActorStats, TimeShareMeter
 from actors.trajectory import ObservationRenderer
-from actors.weight_relay import WeightRelayServer, relay_host_towards
+from actors.weights.pending import PendingWeights
+from actors.weights.relay import WeightRelayServer, relay_host_towards
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from learner.guard import GuardConfig
-from tandem_wire import WEIGHT_CHUNK_BYTES
+from tandem_wire.weights.chunks import WEIGHT_CHUNK_BYTES
 
 Algorithm = Literal["grpo", "gspo", "gspo-token"]
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant"]

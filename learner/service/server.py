@@ -80,9 +80,10 @@ from learner.service.pacing import LeaseAsk, LeaseOutcome, budget_step, decide_l
 from learner.service.prompt_source import PromptSource, PromptState
 from learner.service.stale_log import StaleLog
 from learner.service.tolerant_handlers import Undecodable, add_tolerant_learner_servicer
-from learner.weights.publisher import WeightBlob, WeightPublisher, pack_weights
+from learner.weights.publisher import WeightPublisher, pack_weights
 from learner.weights.relay import RelayTree
 from learner.weights.shared_memory import SharedWeightFiles
+from learner.weights.transports import Fetch, WeightTransports
 from learner.weights.versions import UnknownWeightVersion, WeightVersions
 from learner.wire_bounds import InvalidInput, check_int, check_text
 from tandem_wire import grpc_options, pb, rpc
@@ -97,6 +98,7 @@ from tandem_wire.limits import (
     MAX_METADATA_BYTES,
 )
 from tandem_wire.log_throttle import KeyedThrottle
+from tandem_wire.weights.transports import RELAY
 
 __all__ = [
     "LearnerService",
@@ -176,9 +178,10 @@ class LearnerService(rpc.LearnerServicer):
         if self._shared is not None and not self._shared.domain:
             self._shared = None
         self._weights = WeightPublisher(on_drop=lambda weights: self._unshare(weights.version))
-        # Actors off this host relay each version to each other (learner/weights/relay.py).
+        # Which transport answers each fetch (learner/weights/transports.py): that file, else another
+        # actor's relay (actors off this host relay each version to each other), else our own chunks.
         fanout = cfg.server.weight_relay_fanout
-        self._relays = RelayTree(fanout) if fanout else None
+        self._transports = WeightTransports(self._shared, RelayTree(fanout) if fanout else None)
         self._versions = WeightVersions()
         self._latest_version = 0
         self._step = 0
@@ -547,26 +550,16 @@ class LearnerService(rpc.LearnerServicer):
             except KeyError as error:
                 raise WeightsNotHeld(error.args[0]) from None
             try:  # serialised once at publish time
-                for message in self._weight_messages(weights, actor_id, domain, relay_address, request.accept_peer):
+                transport, messages = self._transports.answer(
+                    weights, Fetch(actor_id, domain, relay_address, request.accept_peer))
+                if transport is RELAY:
+                    self._accounting.add("weight_fetches_relayed", 1)
+                for message in messages:
                     yield message
                     self._accounting.add("weight_bytes_streamed", len(message))
                     progress.touch()
             finally:
                 self._weights.release(weights)
-
-    def _weight_messages(self, weights: WeightBlob, actor_id: str, domain: str, relay_address: str,
-                         accept_peer: bool) -> tuple[bytes, ...]:
-        """A version's stream for this actor: a same-host actor gets the shared file's path; one off this
-        host the chunks, or, when another actor already relays them, that actor's address."""
-        if self._shared is not None and domain == self._shared.domain and weights.shared_messages:
-            return weights.shared_messages
-        peer = None if self._relays is None else self._relays.source(
-            weights.version, actor_id, relay_address, accept_peer)
-        if peer is None:
-            return weights.messages
-        self._accounting.add("weight_fetches_relayed", 1)
-        location = pb.PeerWeights(version=weights.version, address=peer.address, actor_id=peer.actor_id)
-        return weights.messages[0], pb.WeightMessage(peer=location).SerializeToString(), weights.messages[-1]
 
     @served
     def ReportWeights(self, request: pb.WeightReport, context: grpc.ServicerContext) -> pb.WeightReportReply:
