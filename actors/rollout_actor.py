@@ -58,7 +58,7 @@ import psutil
 import ray
 
 from actors.config import ActorConfig
-from actors.engine import CheckedWeights, RolloutEngine, Sample, SamplingSpec, WeightSetError
+from actors.engine import RolloutEngine, Sample, SamplingSpec, WeightSetError
 from actors.episodes import EpisodeRunner
 from actors.groups import PROMPT_TOO_LONG, rejected_group, scored_group
 from actors.learner_client import (
@@ -73,6 +73,7 @@ from actors.learner_client import (
 from actors.scoring import RewardScorer
 from actors.stats import ActorStats, TimeShareMeter
 from actors.trajectory import ObservationRenderer
+from actors.weights.apply import Applier, applier
 from actors.weights.pending import PendingWeights
 from actors.weights.relay import WeightRelayServer, relay_host_towards
 
@@ -95,8 +96,9 @@ class WeightUpdate:
 class _Fetched:
     """A version's weights, fetched and checked, as they wait in PendingWeights."""
 
-    weights: CheckedWeights
+    weights: object  # what its kind's applier checked
     transfer_s: float
+    applier: Applier  # how its kind is loaded
 
 
 @dataclass
@@ -579,12 +581,13 @@ class RolloutActor:
         if staged.version == self.version:
             return
         try:
-            checked = self.engine.check_weights(staged.tensors, staged.nonfinite)  # while the engine samples
+            apply = applier(staged.kind)  # its kind decides how it is checked and loaded
+            checked = apply.check(self.engine, staged)  # while the engine samples
         except WeightSetError as error:
             # the same bytes would fail again: wait for a newer version
             self._reject(staged.version, str(error), time.perf_counter() - start, retry_after_s=float("inf"))
             return
-        fetched = _Fetched(checked, time.perf_counter() - start)
+        fetched = _Fetched(checked, time.perf_counter() - start, apply)
         # sync mode never holds groups in the engine between two locked calls: always loaded at once
         self._swap(lambda: self._weights.offer(staged.version, fetched, self.engine.in_flight))
 
@@ -609,7 +612,7 @@ class RolloutActor:
             if due is None:
                 return
             with self._engine_paused():
-                stall_s = self.engine.load_weights(due.staged.weights)
+                stall_s = due.staged.applier.load(self.engine, due.staged.weights)
                 self._weights.loaded(due.version)
         transfer_s = due.staged.transfer_s
         self.counters.weight_updates.append(WeightUpdate(due.version, transfer_s, stall_s))

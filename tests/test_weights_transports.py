@@ -1,17 +1,23 @@
 """The weight path's one transport table (tandem_wire/weights/transports.py), read by both halves: the
 learner answers a fetch with the first transport that serves it (real shared files in /dev/shm, a real
-relay tree), an actor tries the bulk transports it can use and then the learner's stream."""
+relay tree), an actor tries the bulk transports it can use and then the learner's stream; and a version's
+kind travels in its header and decides how an actor applies it."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from actors.engine import WeightSetError
+from actors.weights.apply import APPLIERS, applier
+from actors.weights.staging import stage_weights
 from actors.weights.transports import fetch_plan
 from learner.weights.publisher import pack_weights
 from learner.weights.relay import RelayTree
 from learner.weights.shared_memory import SharedWeightFiles
 from learner.weights.transports import Fetch, WeightTransports
 from tandem_wire import pb
+from tandem_wire.weights.manifest import FULL
 from tandem_wire.weights.transports import RELAY, SHARED_MEMORY, STREAM, TRANSPORTS
 
 TENSORS = [("model.norm.weight", np.arange(8, dtype=np.float32))]
@@ -47,3 +53,12 @@ def test_an_actor_offers_the_bulk_transports_it_can_use_then_the_learners_stream
     assert fetch_plan(shared_memory=True, relay=False) == ((SHARED_MEMORY,), ())
     assert fetch_plan(shared_memory=False, relay=False) == ((),)
     assert [t.bulk for t in TRANSPORTS] == [True, True, False]
+
+
+def test_a_versions_kind_travels_in_its_header_and_decides_how_it_is_applied():
+    weights = pack_weights(1, TENSORS)
+    assert weights.header.kind == FULL == pb.WEIGHT_KIND_FULL
+    staged = stage_weights(pb.WeightMessage.FromString(m) for m in weights.messages)
+    assert staged.kind == FULL and applier(staged.kind) is APPLIERS[FULL]
+    with pytest.raises(WeightSetError, match="weight kind 0 is not one this actor applies"):
+        applier(pb.WEIGHT_KIND_UNSPECIFIED)

@@ -9,6 +9,7 @@ from typing import Protocol
 import numpy as np
 
 from tandem_wire import pb
+from tandem_wire.weights.manifest import FULL
 
 
 class WeightTransferError(RuntimeError):
@@ -25,6 +26,7 @@ class StagedWeights:
     total_bytes: int
     transfer_s: float = 0.0
     nonfinite: tuple[str, ...] | None = None  # tensors with a NaN or Inf, scanned while staging; None: unscanned
+    kind: int = FULL  # what the tensors are (pb.WeightKind): it decides how they are applied (apply.py)
 
 
 class StagingWatcher(Protocol):

@@ -74,7 +74,8 @@ def _stage(
         (name, np.frombuffer(buffer, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape))
         for name, dtype, shape, offset in specs
     ]
-    return StagedWeights(header.version, tensors, checksum, header.total_bytes, nonfinite=nonfinite)
+    return StagedWeights(header.version, tensors, checksum, header.total_bytes, nonfinite=nonfinite,
+                         kind=header.kind)
 
 
 def _receive_blob(

@@ -13,7 +13,8 @@ are files of one name: learner/weights/<file> sends it, actors/weights/<file> re
 | relay | `PeerWeights` (an actor) | `relay.py` | `relay.py` | an actor another one relays the newest to |
 | stream | `WeightChunk`s | `publisher.py` | `staging.py` | anyone: the others' fallback |
 
-A new transport is a row here and a half on each side.
+A new transport is a row here and a half on each side; a new kind of version (tandem_wire/weights/
+manifest.py) travels by all of them unchanged.
 """
 
 from __future__ import annotations
