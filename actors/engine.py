@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from actors.finite_scan import has_nonfinite
+from actors.weights.finite_scan import has_nonfinite
 
 GIB = 1 << 30
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
-WORKER_EXTENSION = "actors.vllm_worker_ext.WeightLoaderExtension"
+WORKER_EXTENSION = "actors.weights.vllm_worker_ext.WeightLoaderExtension"
 
 
 class PromptTooLongError(ValueError):

@@ -8,9 +8,10 @@ and opens a new stream, on which the outbox re-sends every unacked group in orde
 blocks while the backlog exceeds the credits, so an actor never holds more than a few groups
 beyond what the learner has queued for it.
 
-Weights: `fetch_weights` stages a whole version and verifies it (actors/weight_staging.py). An actor
-on the learner's host (same shared-memory domain, tandem_wire.bulk) gets the blob from a shared file,
-mapped copy-on-write and verified in place; any failure of that path is retried once over the gRPC
+Weights: `fetch_weights` stages a whole version and verifies it (actors/weights/staging.py), trying the
+transports in the order of the fetch plan (actors/weights/transports.py): an actor on the learner's host
+(same shared-memory domain) gets the blob from a shared file, mapped copy-on-write and verified in place,
+one off it maybe from another actor's relay; any failure of those is retried once over the learner's
 stream of chunks.
 
 Identity: `register` presents the enrollment token the fleet minted for this actor id (tandem_wire/
@@ -21,15 +22,24 @@ refused UNAUTHENTICATED (a restarted learner, or an expired registration), prese
 it holds so that the learner renews it rather than starting a new incarnation. A client whose
 registration was superseded by another client of the same actor id (PERMISSION_DENIED) does not take
 the id back: its calls fail and its group stream closes the client.
+
+A busy learner: a call refused RESOURCE_EXHAUSTED (a pool of the learner's is full) or UNAVAILABLE is
+tried again after a jittered back-off (RETRY_BACKOFF_S), up to RETRY_BACKOFF_S's length and within the
+call's deadline; every such refusal is counted (`calls_refused`) and logged at most once a minute per
+method and code. A unary call still refused then raises LearnerBusy (RESOURCE_EXHAUSTED) or
+LearnerUnavailable, which a rollout actor's loops ride out: they ask again later. The group stream
+reconnects after any break, with the same jitter. FetchWeights retries RESOURCE_EXHAUSTED only: a learner
+that is down fails a fetch at once, and the old weights keep serving.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,12 +48,17 @@ from typing import Any
 import grpc
 
 from actors.outbox import PROBE_DELAY_S, Outbox, Send
-from actors.weight_relay import WeightRelayServer, relay_chunks
-from actors.weight_staging import SharedFileGone, StagedWeights, WeightTransferError, stage_weights
+from actors.weights.relay import WeightRelayServer, relay_chunks
+from actors.weights.shared_memory import SharedFileGone
+from actors.weights.staged import StagedWeights, WeightTransferError
+from actors.weights.staging import stage_weights
+from actors.weights.transports import fetch_plan, received
 from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
 from tandem_wire.auth import AUTH_METADATA_KEY, bearer
-from tandem_wire.bulk import shared_memory_domain
 from tandem_wire.limits import CREDENTIAL_METADATA_KEY, ENROLLMENT_METADATA_KEY, MAX_DETAIL_CHARS
+from tandem_wire.log_throttle import KeyedThrottle
+from tandem_wire.weights.shared_memory import shared_memory_domain
+from tandem_wire.weights.transports import RELAY, SHARED_MEMORY, STREAM, TRANSPORTS, Transport
 
 __all__ = [
     "LearnerClient",
@@ -51,16 +66,21 @@ __all__ = [
     "Prompt",
     "LeaseReply",
     "LearnerUnavailable",
+    "LearnerBusy",
     "StagedWeights",
     "WeightTransferError",
 ]
 
 log = logging.getLogger(__name__)
 
-# A group stream ending with one of these is routine (a learner restart, an idle stream cancelled, a
-# registration the learner no longer knows): reconnect quietly.
 RENEW_ATTEMPTS = 3  # calls refused UNAUTHENTICATED and renewed before the last try
-EXPECTED_STREAM_ENDS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAUTHENTICATED)
+# A group stream ending with one of these is routine (an idle stream cancelled, a registration the learner
+# no longer knows): reconnect quietly.
+EXPECTED_STREAM_ENDS = (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAUTHENTICATED)
+# A call ending with one of these (the learner busy, or restarting) is counted and tried again.
+RETRIED_CODES = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
+RETRY_BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8)  # before each retry of a refused call; each scaled by 0.5-1
+REFUSAL_LOG_S = 60.0  # at most one warning per method and code of refusal
 CLIENT_CHANNEL_OPTIONS = [  # reconnect quickly after a learner restart (gRPC's default is up to 120 s)
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -70,6 +90,22 @@ CLIENT_CHANNEL_OPTIONS = [  # reconnect quickly after a learner restart (gRPC's 
 
 class LearnerUnavailable(ConnectionError):
     """The learner did not answer within the call timeout."""
+
+
+class LearnerBusy(LearnerUnavailable, grpc.RpcError):
+    """The learner refused a call RESOURCE_EXHAUSTED (at capacity) on every try. A LearnerUnavailable, so
+    a loop that rides out an unavailable learner rides this out too, and the grpc.RpcError it ends in
+    (`code()`, `details()`) for callers that tell refusals apart."""
+
+    def __init__(self, message: str, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(message)
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
 
 
 @dataclass(frozen=True)
@@ -124,7 +160,7 @@ class LearnerClient:
         stream: a new version, or a lease budget that grew, so a caller waiting for prompts asks again.
         `shared_memory`: offer this host's shared-memory domain when fetching weights (the bulk path).
         `relay`: this actor's relay server; streamed versions are relayed to the actors the learner
-        sends to it, and this actor may be sent to another's (actors/weight_relay.py).
+        sends to it, and this actor may be sent to another's (actors/weights/relay.py).
         `enrollment`: this actor id's enrollment token, from the fleet (None: a learner with
         server.open_enrollment)."""
         if not actor_id:
@@ -152,7 +188,10 @@ class LearnerClient:
         self._shared_memory_domain = shared_memory_domain() if shared_memory else ""
         self._relay = relay
         # how versions arrived: from shared memory, streamed by the learner, relayed by another actor
-        self.weight_fetches = {"shared": 0, "streamed": 0, "relayed": 0, "shared_failed": 0, "relay_failed": 0}
+        self.weight_fetches = {name: 0 for transport in TRANSPORTS for name in (transport.source, transport.failed)
+                               if name}
+        self.calls_refused: Counter[str] = Counter()  # "<method> <code>" -> refusals seen (each retried)
+        self._refusal_log = KeyedThrottle(REFUSAL_LOG_S)
 
     # ================================================================== registration, prompts
 
@@ -296,45 +335,61 @@ class LearnerClient:
 
     def fetch_weights(self, version: int = 0) -> StagedWeights:
         """Download and verify a weight version (0 = the latest); raises WeightTransferError on any
-        failure, in which case nothing is returned. The bulk paths first (this host's shared memory, or
-        another actor's relay, as the learner answers); if they fail, the learner's stream once more."""
+        failure, in which case nothing is returned. The calls of the fetch plan in turn
+        (actors/weights/transports.py): the bulk transports this actor can use (this host's shared memory,
+        or another actor's relay, as the learner answers), then the learner's stream."""
         start = time.monotonic()
-        staged = None
-        if self._shared_memory_domain or self._relay is not None:
-            source: list[str] = []
+        plan = list(fetch_plan(bool(self._shared_memory_domain), self._relay is not None))
+        retried_gone = False
+        while True:
+            used: list[Transport] = []
             try:
-                try:
-                    staged = self._fetch(version, bulk=True, source=source)
-                except SharedFileGone:  # superseded as we opened it: the next answer names the newer file
-                    self.weight_fetches["shared_failed"] += 1
-                    source.clear()
-                    staged = self._fetch(version, bulk=True, source=source)
+                staged = self._fetch(version, plan[0], used)
+                return dataclasses.replace(staged, transfer_s=time.monotonic() - start)
             except WeightTransferError as error:
-                via = source[0] if source else "streamed"
-                failed = {"shared": "shared_failed", "relayed": "relay_failed"}.get(via)
-                if failed:
-                    self.weight_fetches[failed] += 1
-                log.warning("%s: weights (%s) failed, streaming them from the learner: %s", self.actor_id, via, error)
-        if staged is None:
-            staged = self._fetch(version, bulk=False, source=[])
-        return dataclasses.replace(staged, transfer_s=time.monotonic() - start)
+                via = used[0] if used else STREAM
+                if via.failed:
+                    self.weight_fetches[via.failed] += 1
+                if isinstance(error, SharedFileGone) and not retried_gone:
+                    retried_gone = True  # superseded as we opened it: the next answer names the newer file
+                    continue
+                plan.pop(0)
+                if not plan:
+                    raise
+                log.warning("%s: weights (%s) failed, streaming them from the learner: %s", self.actor_id,
+                            via.source, error)
 
-    def _fetch(self, version: int, bulk: bool, source: list[str]) -> StagedWeights:
-        """One FetchWeights call. With `bulk` the learner may answer with a shared file (when we share its
-        host's memory) or with another actor's relay; `source` notes which ("shared", "relayed"; nothing:
+    def _fetch(self, version: int, offers: tuple[Transport, ...], used: list[Transport]) -> StagedWeights:
+        """A FetchWeights call, tried again after a back-off while the learner refuses it RESOURCE_EXHAUSTED
+        (its weight streams are all open)."""
+        backoffs = iter(RETRY_BACKOFF_S)
+        while True:
+            try:
+                return self._fetch_once(version, offers, used)
+            except WeightTransferError as error:
+                refused = error.__cause__
+                if not (isinstance(refused, grpc.RpcError) and refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                        and self._retry_after("FetchWeights", refused, next(backoffs, None))):
+                    raise
+                used.clear()
+
+    def _fetch_once(self, version: int, offers: tuple[Transport, ...], used: list[Transport]) -> StagedWeights:
+        """One FetchWeights call offering the bulk transports `offers`: the learner may answer with a shared
+        file (when we share its host's memory) or with another actor's relay; `used` notes which (nothing:
         the learner's chunks). A streamed version is relayed by ours."""
-        domain = self._shared_memory_domain if bulk else ""
+        domain = self._shared_memory_domain if SHARED_MEMORY in offers else ""
         relay = self._relay
         watcher = relay.staging() if relay else None  # before the call: the learner may send others here at once
         call = self._stub.FetchWeights(
             pb.FetchWeightsRequest(wire_version=WIRE_VERSION, actor_id=self.actor_id, version=version,
                                    shared_memory_domain=domain, relay_address=relay.address if relay else "",
-                                   accept_peer=bulk and relay is not None),
+                                   accept_peer=RELAY in offers),
             metadata=self._metadata(self._current_credential()),
             wait_for_ready=False,  # a learner that is down fails the fetch now; the old weights keep serving
         )
         try:
-            staged = stage_weights(self._resolved(call, source), version, allow_shared=bool(domain), watcher=watcher)
+            staged = stage_weights(received(call, used, self._relayed), version, allow_shared=bool(domain),
+                                   watcher=watcher)
         except grpc.RpcError as error:
             raise WeightTransferError(
                 f"weight stream failed: {error.code().name}: {error.details()}"
@@ -342,25 +397,12 @@ class LearnerClient:
         except WeightTransferError:
             call.cancel()
             raise
-        self.weight_fetches[source[0] if source else "streamed"] += 1
+        self.weight_fetches[(used[0] if used else STREAM).source] += 1
         return staged
 
-    def _resolved(self, messages: Iterator[pb.WeightMessage], source: list[str]) -> Iterator[pb.WeightMessage]:
-        """The learner's stream with the blob's source noted in `source` ("shared", "relayed") and a
-        PeerWeights replaced by that relay's chunks (the learner's commit is read first, so its call ends
-        before the relay's)."""
-        for message in messages:
-            part = message.WhichOneof("part")
-            if part == "shared":
-                source.append("shared")
-            elif part == "peer":
-                source.append("relayed")
-                rest = list(messages)
-                yield from relay_chunks(message.peer, self._token_metadata, self._relay.reaper,
-                                        self._relay.stream_timeout_s)
-                yield from rest
-                return
-            yield message
+    def _relayed(self, peer: pb.PeerWeights) -> Iterator[pb.WeightMessage]:
+        """The chunks another actor's relay sends of the version the learner sent us to it for."""
+        return relay_chunks(peer, self._token_metadata, self._relay.reaper, self._relay.stream_timeout_s)
 
     def report_weights(
         self, version: int, applied: bool, detail: str = "", stall_s: float = 0.0, transfer_s: float = 0.0
@@ -458,20 +500,56 @@ class LearnerClient:
         return self._call(method, request, timeout, self._current_credential())
 
     def _call(self, method: str, request: Any, timeout: float | None, credential: str | None) -> Any:
-        """One unary call; ``method`` names a stub method (looked up now: ``retarget`` swaps the stub)."""
-        try:
-            return getattr(self._stub, method)(
-                request, metadata=self._metadata(credential), timeout=timeout or self._call_timeout_s,
-                wait_for_ready=True
-            )
-        except grpc.RpcError as error:
-            # CANCELLED: the channel was closed under the call by retarget()
-            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                                grpc.StatusCode.CANCELLED):
-                raise LearnerUnavailable(
-                    f"learner at {self.address}: {error.code().name}: {error.details()}"
-                ) from error
-            raise
+        """One unary call, tried again after a back-off while it is refused RESOURCE_EXHAUSTED or
+        UNAVAILABLE, within one deadline; ``method`` names a stub method (looked up at each try:
+        ``retarget`` swaps the stub)."""
+        deadline = time.monotonic() + (timeout or self._call_timeout_s)
+        backoffs = iter(RETRY_BACKOFF_S)
+        while True:
+            try:
+                return getattr(self._stub, method)(
+                    request, metadata=self._metadata(credential), timeout=max(0.0, deadline - time.monotonic()),
+                    wait_for_ready=True
+                )
+            except grpc.RpcError as error:
+                code = error.code()
+                if code in RETRIED_CODES and self._retry_after(method, error, next(backoffs, None), deadline):
+                    continue
+                where = f"learner at {self.address}: {method}: {code.name}: {error.details()}"
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise LearnerBusy(where, code, error.details()) from error
+                # CANCELLED: the channel was closed under the call by retarget()
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                            grpc.StatusCode.CANCELLED):
+                    raise LearnerUnavailable(where) from error
+                raise
+
+    def _retry_after(self, method: str, error: grpc.RpcError, backoff_s: float | None,
+                     deadline: float = float("inf")) -> bool:
+        """Count and log (throttled) a refusal of `method`, then wait `backoff_s` scaled by a random 0.5-1
+        (callers refused together do not come back together); False, at once, when there is no back-off
+        left (None), it would pass `deadline`, or the client is closed."""
+        self._note_refusal(method, error)
+        if backoff_s is None:
+            return False
+        wait_s = backoff_s * random.uniform(0.5, 1.0)
+        if time.monotonic() + wait_s >= deadline:
+            return False
+        with self._cond:
+            return not self._cond.wait_for(lambda: self._closed, wait_s)
+
+    def _note_refusal(self, method: str, error: grpc.RpcError) -> None:
+        """Count a call that ended RESOURCE_EXHAUSTED (the learner is busy) or UNAVAILABLE (e.g. restarting);
+        log it at most once a minute per method and code (a learner refusing under a flood must not flood
+        this actor's log): a warning when busy."""
+        key = f"{method} {error.code().name}"
+        with self._cond:
+            self.calls_refused[key] += 1
+        busy = error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        level = (logging.WARNING if busy else logging.INFO) if self._refusal_log.allow(key) else logging.DEBUG
+        log.log(level, "%s: %s to %s ended %s (%.200s); trying again after a back-off. At most one such line "
+                "per %.0f s: calls_refused counts them all", self.actor_id, method, self.address, error.code().name,
+                error.details(), REFUSAL_LOG_S)
 
     def _backlog_fits(self) -> bool:
         return self._closed or self._outbox.backlog_fits()
@@ -498,19 +576,17 @@ class LearnerClient:
                 if error.code() == grpc.StatusCode.PERMISSION_DENIED:
                     self._close_superseded(error)
                     return
-                expected = error.code() in EXPECTED_STREAM_ENDS
-                log.log(
-                    logging.INFO if expected else logging.WARNING,
-                    "group stream to %s broke: %s %s",
-                    self.address,
-                    error.code(),
-                    error.details(),
-                )
+                if error.code() in RETRIED_CODES:
+                    self._note_refusal("StreamGroups", error)
+                else:
+                    expected = error.code() in EXPECTED_STREAM_ENDS
+                    log.log(logging.INFO if expected else logging.WARNING, "group stream to %s broke: %s %s",
+                            self.address, error.code(), error.details())
             with self._cond:
                 if self._closed:
                     return
                 self._outbox.end_stream()  # ends this stream's request generator; counts a reconnect
-                self._cond.wait(backoff)
+                self._cond.wait(backoff * random.uniform(0.5, 1.0))
             backoff = min(2 * backoff, PROBE_DELAY_S[1])
             self._reregister()
 

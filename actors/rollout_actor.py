@@ -21,7 +21,7 @@ every group comes from one version and carries the behaviour logprobs that produ
 with completions as short as these, draining costs a few steps, wastes nothing, and keeps the wire
 format and the loss unchanged; measured in the README.) A version that fails its transfer or
 validation is reported and the actor keeps serving the one it has. The swap's state (what is
-pending, when it is due, what was rejected) is ``actors.pending_weights.PendingWeights``: the threads
+pending, when it is due, what was rejected) is ``actors.weights.pending.PendingWeights``: the threads
 tell it what happened (a version fetched, an engine step, a credit wait) and load what it says is
 due (``_swap``). A heartbeat thread reports liveness, version and throughput until ``stop()``, also
 after ``run()`` returned (an idle actor is alive, not dead).
@@ -58,15 +58,24 @@ import psutil
 import ray
 
 from actors.config import ActorConfig
-from actors.engine import CheckedWeights, RolloutEngine, Sample, SamplingSpec, WeightSetError
+from actors.engine import RolloutEngine, Sample, SamplingSpec, WeightSetError
 from actors.episodes import EpisodeRunner
 from actors.groups import PROMPT_TOO_LONG, rejected_group, scored_group
-from actors.learner_client import LearnerClient, LearnerUnavailable, LeaseReply, Prompt, WeightTransferError
-from actors.pending_weights import PendingWeights
+from actors.learner_client import (
+    LearnerBusy,
+    LearnerClient,
+    LearnerUnavailable,
+    LeaseReply,
+    Prompt,
+    RegisterInfo,
+    WeightTransferError,
+)
 from actors.scoring import RewardScorer
 from actors.stats import ActorStats, TimeShareMeter
 from actors.trajectory import ObservationRenderer
-from actors.weight_relay import WeightRelayServer, relay_host_towards
+from actors.weights.apply import Applier, applier
+from actors.weights.pending import PendingWeights
+from actors.weights.relay import WeightRelayServer, relay_host_towards
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +96,9 @@ class WeightUpdate:
 class _Fetched:
     """A version's weights, fetched and checked, as they wait in PendingWeights."""
 
-    weights: CheckedWeights
+    weights: object  # what its kind's applier checked
     transfer_s: float
+    applier: Applier  # how its kind is loaded
 
 
 @dataclass
@@ -208,7 +218,9 @@ class RolloutActor:
         """
         self._idle.clear()
         try:
-            info = self.client.register(self.capabilities(), self.version)
+            info = self._register()
+            if info is None:
+                return self.stats()
             self._heartbeat_s = info.heartbeat_interval_s
             with self._update_lock:
                 self._maybe_update_weights(info.latest_version)  # never sample with weights known to be old
@@ -252,6 +264,7 @@ class RolloutActor:
             rss_bytes=psutil.Process().memory_info().rss,
             weight_sources=dict(self.client.weight_fetches),
             relay_bytes_served=self.relay.bytes_served if self.relay else 0,
+            calls_refused=dict(self.client.calls_refused),
             episodes=self._episode_counts(),
         )
 
@@ -293,12 +306,24 @@ class RolloutActor:
 
     # ------------------------------------------------------------------ sampling loops
 
+    def _register(self) -> RegisterInfo | None:
+        """Register with the learner, asking again while it refuses us as busy (the client has logged and
+        counted each refusal) until stopped (None)."""
+        while not self._stop.is_set():
+            try:
+                return self.client.register(self.capabilities(), self.version)
+            except LearnerBusy:
+                self._stop.wait(self.config.idle_poll_s)
+        return None
+
     def _lease(self, max_prompts: int) -> LeaseReply:
         self._ask_again.clear()  # set again by a load, an announcement (or stop)
         try:
             return self.client.lease_prompts(max_prompts)
-        except LearnerUnavailable as error:  # learner restarting: keep trying until stopped
-            log.warning("%s: lease failed: %s", self.actor_id, error)
+        except LearnerUnavailable as error:  # learner restarting or busy: keep trying until stopped
+            # the client logs a busy learner's refusals itself, at most once a minute
+            log.log(logging.DEBUG if isinstance(error, LearnerBusy) else logging.WARNING, "%s: lease failed: %s",
+                    self.actor_id, error)
             return LeaseReply([], False, 0.0)
 
     def _wait_for_prompts(self, seconds: float) -> None:
@@ -556,12 +581,13 @@ class RolloutActor:
         if staged.version == self.version:
             return
         try:
-            checked = self.engine.check_weights(staged.tensors, staged.nonfinite)  # while the engine samples
+            apply = applier(staged.kind)  # its kind decides how it is checked and loaded
+            checked = apply.check(self.engine, staged)  # while the engine samples
         except WeightSetError as error:
             # the same bytes would fail again: wait for a newer version
             self._reject(staged.version, str(error), time.perf_counter() - start, retry_after_s=float("inf"))
             return
-        fetched = _Fetched(checked, time.perf_counter() - start)
+        fetched = _Fetched(checked, time.perf_counter() - start, apply)
         # sync mode never holds groups in the engine between two locked calls: always loaded at once
         self._swap(lambda: self._weights.offer(staged.version, fetched, self.engine.in_flight))
 
@@ -586,7 +612,7 @@ class RolloutActor:
             if due is None:
                 return
             with self._engine_paused():
-                stall_s = self.engine.load_weights(due.staged.weights)
+                stall_s = due.staged.applier.load(self.engine, due.staged.weights)
                 self._weights.loaded(due.version)
         transfer_s = due.staged.transfer_s
         self.counters.weight_updates.append(WeightUpdate(due.version, transfer_s, stall_s))

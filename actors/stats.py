@@ -57,6 +57,9 @@ class ActorStats:
     actor), shared_failed and relay_failed (then streamed)"""
     relay_bytes_served: int
     """weight bytes its relay forwarded to other actors"""
+    calls_refused: dict[str, int] = field(default_factory=dict)
+    """learner calls refused busy or unavailable, each tried again after a back-off, by "<method> <code>"
+    (e.g. "LeasePrompts RESOURCE_EXHAUSTED")"""
     episodes: dict[str, int] = field(default_factory=dict)
     """multi-turn (an environment): trajectories, turns, tool_calls, tool_errors, samples_split (new training
     samples where the chat template could not extend the tokens), and ended/<why> for each way a

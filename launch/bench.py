@@ -97,7 +97,7 @@ from launch.config import load_config  # noqa: E402
 from learner.schema import TrainConfig  # noqa: E402
 from models.tiny import make_tiny_model  # noqa: E402
 from models.tokenizer import DEFAULT_ALPHABET, SPECIAL_TOKENS  # noqa: E402
-from tandem_wire.digest import DEFAULT_DIGEST, DEFAULT_SHARED_DIGEST  # noqa: E402
+from tandem_wire.weights.digest import DEFAULT_DIGEST, DEFAULT_SHARED_DIGEST  # noqa: E402
 
 # The benchmark scripts (tests/benchmarks/bench_*.py) are imported in the section that uses them:
 # each pulls in its own heavy stack (vLLM and torch, JAX, a Ray cluster), and `--only` runs one.

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from learner.guard import GuardConfig
-from tandem_wire import WEIGHT_CHUNK_BYTES
+from tandem_wire.weights.chunks import WEIGHT_CHUNK_BYTES
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant"]
 DynamicSampling = Literal["off", "drop", "fill", "count"]
@@ -414,9 +414,15 @@ class ServiceConfig:
     max_anonymous_weight_streams: int = 4
     """concurrent FetchWeights calls without a valid credential, all such callers together"""
     unary_workers: int = 32
-    """workers left for Register, Heartbeat, LeasePrompts, ReportWeights, Status"""
+    """workers left for the Register, Heartbeat, LeasePrompts and ReportWeights calls of verified actors"""
     unary_calls_per_actor: int = 8
-    """concurrent unary calls naming one actor id (an honest actor makes at most ~4 at once)"""
+    """concurrent unary calls of one verified actor id (an honest actor makes at most ~4 at once)"""
+    unverified_unary_calls: int = 8
+    """concurrent unary calls that prove no identity (no credential this learner minted for the id they
+    name; on Register, no enrollment token for it either), all such callers together, on workers of
+    their own: a first Register under open enrollment, or someone probing"""
+    status_workers: int = 2
+    """Status calls built at once, on workers of their own; more are answered at once with the newest built"""
     stream_idle_timeout_s: float = 600.0
     """a group stream that receives and sends nothing (or a weight stream not read) this long is
     cancelled; honest actors send at least once per generate call (rollout.generate_timeout_s)"""

@@ -1,5 +1,5 @@
 """tandem's wire contract: Python generated from proto/tandem_wire/tandem.proto, plus the channel
-settings both ends must agree on.
+settings both ends must agree on. What both ends share of the weight path is in tandem_wire/weights/.
 
 The generated modules (`tandem_pb2`, `tandem_pb2_grpc`) are committed; `make proto` regenerates
 them and CI fails if they drift. This package is named `tandem_wire`, not `proto`, because
@@ -13,8 +13,6 @@ WIRE_VERSION = pb.WIRE_VERSION_1
 
 # gRPC's 4 MiB default is too small for weight chunks; both ends set this explicitly.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-# Weight chunk size: measured on loopback, 1-4 MiB chunks stream ~1.5x faster than 16 MiB.
-WEIGHT_CHUNK_BYTES = 4 * 1024 * 1024
 
 
 def grpc_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -28,4 +26,4 @@ def grpc_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, 
     ]
 
 
-__all__ = ["pb", "rpc", "WIRE_VERSION", "MAX_MESSAGE_BYTES", "WEIGHT_CHUNK_BYTES", "grpc_options"]
+__all__ = ["pb", "rpc", "WIRE_VERSION", "MAX_MESSAGE_BYTES", "grpc_options"]

@@ -29,6 +29,11 @@ class AckStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ACK_STATUS_INVALID: _ClassVar[AckStatus]
     ACK_STATUS_RETRY: _ClassVar[AckStatus]
 
+class WeightKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WEIGHT_KIND_UNSPECIFIED: _ClassVar[WeightKind]
+    WEIGHT_KIND_FULL: _ClassVar[WeightKind]
+
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     DTYPE_UNSPECIFIED: _ClassVar[DType]
@@ -48,6 +53,8 @@ ACK_STATUS_DUPLICATE: AckStatus
 ACK_STATUS_STALE: AckStatus
 ACK_STATUS_INVALID: AckStatus
 ACK_STATUS_RETRY: AckStatus
+WEIGHT_KIND_UNSPECIFIED: WeightKind
+WEIGHT_KIND_FULL: WeightKind
 DTYPE_UNSPECIFIED: DType
 DTYPE_FLOAT32: DType
 DTYPE_BFLOAT16: DType
@@ -272,16 +279,18 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class WeightHeader(_message.Message):
-    __slots__ = ("version", "tensors", "total_bytes", "checksum_algorithm")
+    __slots__ = ("version", "tensors", "total_bytes", "checksum_algorithm", "kind")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     version: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     total_bytes: int
     checksum_algorithm: str
-    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., checksum_algorithm: _Optional[str] = ...) -> None: ...
+    kind: WeightKind
+    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., checksum_algorithm: _Optional[str] = ..., kind: _Optional[_Union[WeightKind, str]] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
     __slots__ = ("version", "offset", "data")

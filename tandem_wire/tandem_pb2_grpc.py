@@ -359,7 +359,7 @@ class Learner:
 
 
 class WeightRelayStub:
-    """Served by a rollout actor (actors/weight_relay.py) to the actors the learner sends to it: the
+    """Served by a rollout actor (actors/weights/relay.py) to the actors the learner sends to it: the
     chunks of the version it is fetching, in offset order, as they land. Calls carry the run's shared
     token; nothing else is trusted (the fetching actor checks the bytes against the learner's commit).
     """
@@ -378,7 +378,7 @@ class WeightRelayStub:
 
 
 class WeightRelayServicer:
-    """Served by a rollout actor (actors/weight_relay.py) to the actors the learner sends to it: the
+    """Served by a rollout actor (actors/weights/relay.py) to the actors the learner sends to it: the
     chunks of the version it is fetching, in offset order, as they land. Calls carry the run's shared
     token; nothing else is trusted (the fetching actor checks the bytes against the learner's commit).
     """
@@ -406,7 +406,7 @@ def add_WeightRelayServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class WeightRelay:
-    """Served by a rollout actor (actors/weight_relay.py) to the actors the learner sends to it: the
+    """Served by a rollout actor (actors/weights/relay.py) to the actors the learner sends to it: the
     chunks of the version it is fetching, in offset order, as they land. Calls carry the run's shared
     token; nothing else is trusted (the fetching actor checks the bytes against the learner's commit).
     """

@@ -1,4 +1,4 @@
-"""The non-finite scan of a weight version as it lands (actors/finite_scan.py): the verdict equals
+"""The non-finite scan of a weight version as it lands (actors/weights/finite_scan.py): the verdict equals
 numpy's isfinite on float32 (the oracle) for every wire dtype, wherever the bad value sits (first
 value, across slice boundaries, last value), and a stream staged chunk by chunk reports exactly the
 tensors that hold one, while the engine's check takes that verdict instead of scanning again."""
@@ -9,10 +9,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import actors.finite_scan as finite_scan
+import actors.weights.finite_scan as finite_scan
 from actors.engine import TensorSpec, WeightSetError, validate_weight_set
-from actors.finite_scan import FiniteScan, has_nonfinite
-from actors.weight_staging import stage_weights
+from actors.weights.finite_scan import FiniteScan, has_nonfinite
+from actors.weights.staging import stage_weights
 from learner.weights.publisher import pack_weights
 from tandem_wire import pb
 

@@ -1,11 +1,11 @@
-"""PendingWeights, the actor's weight swap as plain state (actors/pending_weights.py): every transition
+"""PendingWeights, the actor's weight swap as plain state (actors/weights/pending.py): every transition
 of its diagram, superseding offers, the drain deadline, force, rejections and idempotence. No engine."""
 
 from __future__ import annotations
 
 import math
 
-from actors.pending_weights import Due, PendingWeights
+from actors.weights.pending import Due, PendingWeights
 
 
 def draining(version: int = 1, drain_steps: int = 2) -> PendingWeights[str]:

@@ -8,7 +8,7 @@ Before those three, 4 to 8 groups a run were dropped here (CI among them); witho
 warm-up, a late-starting actor's first batch arrived 15 versions late.
 
 The learner shares no memory with the actors here, as with actors on other hosts: each version
-reaches one actor from the learner and the other through that actor's relay (actors/weight_relay.py),
+reaches one actor from the learner and the other through that actor's relay (actors/weights/relay.py),
 so the learner sends each version once, and the relay keeps the steady state stale-free too."""
 
 from __future__ import annotations

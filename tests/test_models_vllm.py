@@ -108,13 +108,13 @@ def test_sampled_logprobs_match_jax_recomputation(engines):
 
 
 def test_direct_cpu_reload_equals_vllms_reload_weights(engines):
-    """actors/vllm_worker_ext.reload_repacked_layers (the CPU fast path of every weight load) serves
+    """actors/weights/vllm_worker_ext.reload_repacked_layers (the CPU fast path of every weight load) serves
     what vLLM's own reload_weights serves, token for token and logprob for logprob, for each family
     (tied and untied), and either path can follow the other."""
     from safetensors.numpy import load_file
     from vllm import SamplingParams
 
-    from actors.vllm_worker_ext import numpy_to_torch, reload_repacked_layers
+    from actors.weights.vllm_worker_ext import numpy_to_torch, reload_repacked_layers
 
     _, llm = engines
     runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner

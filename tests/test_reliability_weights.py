@@ -29,10 +29,10 @@ from weight_faults import cut_before_commit, damaging, flip_a_byte
 import actors.learner_client as learner_client_module
 import learner.service.server as service_module
 from actors.learner_client import LearnerClient, WeightTransferError
-from actors.weight_staging import stage_weights
+from actors.weights.staging import stage_weights
 from learner.weights.shared_memory import remove_stale_files
-from tandem_wire.bulk import SHARED_PREFIX, SHM_DIR
-from tandem_wire.digest import hexdigest
+from tandem_wire.weights.digest import hexdigest
+from tandem_wire.weights.shared_memory import SHARED_PREFIX, SHM_DIR
 
 pytestmark = pytest.mark.slow  # Ray, vLLM and injected faults
 

@@ -14,10 +14,10 @@ from wire_helpers import CAPABILITIES, assert_honest_actor_served, raw_actor, ra
 
 from learner.service.actor_registry import MalformedCredential
 from learner.service.credentials import CREDENTIAL_CHARS, CredentialMinter
-from learner.service.log_throttle import KeyedThrottle
 from tandem_wire import WIRE_VERSION, pb
 from tandem_wire.auth import BearerTokenInterceptor
 from tandem_wire.limits import CREDENTIAL_METADATA_KEY
+from tandem_wire.log_throttle import KeyedThrottle
 
 UNAUTHENTICATED = str(grpc.StatusCode.UNAUTHENTICATED.value[0]).encode()
 KEY = CREDENTIAL_METADATA_KEY.encode()

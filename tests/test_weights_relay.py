@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from wire_helpers import connected_client, running_service
 
-from actors.weight_relay import RelayedBlob, WeightRelayServer
+from actors.weights.relay import RelayedBlob, WeightRelayServer
 from learner.weights.relay import RelayTree
 from tandem_wire import WIRE_VERSION, pb, rpc
 from tandem_wire.auth import AUTH_METADATA_KEY, bearer

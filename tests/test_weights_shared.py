@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 from wire_helpers import connected_client, running_service, wait_until
 
-from actors.weight_staging import WeightTransferError, stage_weights
+from actors.weights.staging import WeightTransferError, stage_weights
 from learner.weights.shared_memory import STALE_NAME, SharedWeightFiles, remove_stale_files
 from tandem_wire import WIRE_VERSION, pb, rpc
-from tandem_wire.bulk import SHARED_PREFIX, SHM_DIR
-from tandem_wire.digest import hexdigest
 from tandem_wire.limits import MAX_LABEL_CHARS
+from tandem_wire.weights.digest import hexdigest
+from tandem_wire.weights.shared_memory import SHARED_PREFIX, SHM_DIR
 
 
 def _weights(seed: int) -> list[tuple[str, np.ndarray]]:

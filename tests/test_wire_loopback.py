@@ -18,6 +18,7 @@ from config_helpers import service_config
 from wire_helpers import (
     CAPABILITIES,
     VOCAB,
+    RawActor,
     connected_client,
     make_group,
     make_prompts,
@@ -398,8 +399,10 @@ def test_the_actor_table_is_bounded_and_silent_actors_make_room():
         a, b, c = (LearnerClient(address, name) for name in "abc")
         a.register(CAPABILITIES, 0)
         b.register(CAPABILITIES, 0)
+        refused = RawActor(address, "c")  # a LearnerClient would try again until a and b fall silent
         with pytest.raises(grpc.RpcError) as error:
-            c.register(CAPABILITIES, 0)
+            refused.register()
+        refused.close()
         assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         time.sleep(0.2)
         b.heartbeat(0)

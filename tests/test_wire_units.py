@@ -15,7 +15,7 @@ import pytest
 from google.protobuf import descriptor as _descriptor
 from wire_helpers import FakeClock
 
-from actors.weight_staging import WeightTransferError, stage_weights
+from actors.weights.staging import WeightTransferError, stage_weights
 from learner.schema import ServerConfig
 from learner.service.accounting import GROUP_COUNTERS, TOKEN_COUNTERS, balance_violations
 from learner.service.group_queue import GroupQueue, is_stale
@@ -23,8 +23,15 @@ from learner.service.group_validation import GroupRecord
 from learner.service.prompt_source import MAX_EARLIER_HOLDERS, LeaseInfo, Prompt, PromptSource, PromptState
 from learner.weights.publisher import ALIGNMENT, WeightPublisher, pack_weights
 from tandem_wire import pb
-from tandem_wire.chunks import encode_chunk
-from tandem_wire.digest import CRYPTOGRAPHIC, DEFAULT_DIGEST, DEFAULT_SHARED_DIGEST, DIGESTS, UnknownDigest, hexdigest
+from tandem_wire.weights.chunks import encode_chunk
+from tandem_wire.weights.digest import (
+    CRYPTOGRAPHIC,
+    DEFAULT_DIGEST,
+    DEFAULT_SHARED_DIGEST,
+    DIGESTS,
+    UnknownDigest,
+    hexdigest,
+)
 
 FD = _descriptor.FieldDescriptor
 MESSAGE_TYPES = sorted(pb.DESCRIPTOR.message_types_by_name)

@@ -32,13 +32,19 @@ class UnknownCredential(CredentialRefused):
     """No credential, or one this learner does not know (restarted learner, evicted actor): register."""
 
 
+MALFORMED_ADVICE = {  # what a client that sent a malformed header should do instead
+    "credential": "malformed credential: register without one, or with the one you were given",
+    "enrollment": "malformed enrollment token: present the token the run's fleet minted for this actor id",
+}
+
+
 class MalformedCredential(UnknownCredential):
     """A credential header (or, `header="enrollment"`, an enrollment header) no learner or fleet could
     have minted (non-ASCII, over-long, wrong shape): a broken or hostile client. `actor_id` is the id
     the call claimed ("" when it names none)."""
 
     def __init__(self, actor_id: str, header: str = "credential") -> None:
-        super().__init__(f"malformed {header}: register without one, or with the one you were given")
+        super().__init__(MALFORMED_ADVICE[header])
         self.actor_id = actor_id
         self.header = header
 

@@ -38,6 +38,12 @@ class EnrollmentGate:
             raise NotEnrolled(f"actor {actor_id!r} is not enrolled: Register needs the enrollment token the "
                               f"run's fleet gave it (or server.open_enrollment)")
 
+    def vouches(self, actor_id: str, presented: str | None) -> bool:
+        """Whether `presented` is `actor_id`'s enrollment token: one HMAC over bounded input, constant-time,
+        never raising, and reading only the key, so it is safe without the service's lock (the servicer
+        asks before a Register takes a slot of that id). Says nothing about retirement or open enrollment."""
+        return enrollment.verify(self._key, actor_id, presented)
+
     def retire(self, actor_ids: Iterable[str]) -> list[str]:
         """Refuse `actor_ids` from now on; returns those not retired before."""
         new = sorted(set(actor_ids) - self._retired)

@@ -23,18 +23,24 @@ Status only read. Every field is checked against its documented bound at the doo
 (learner/service/request_checks.py, learner/service/group_validation.py), and what each group gets is the
 admission table's decision (learner/service/admission.py): the servicer decodes, asks, applies, encodes.
 
-Threads: gRPC runs each call on one pool of max_streams + max_weight_streams + unary_workers
-workers. Group streams (at most max_streams, max_streams_per_actor per actor) and weight streams
-(at most max_weight_streams, max_weight_streams_per_actor per registered actor and
-max_anonymous_weight_streams without a credential) hold a worker each for their lifetime; a call past
-a cap is refused RESOURCE_EXHAUSTED at once, so `unary_workers` always remain for the short calls, of
-which one actor id holds at most unary_calls_per_actor at a time. A group stream
-also has a reader thread (learner/service/group_stream.py). Long calls without progress for
-stream_idle_timeout_s are cancelled. All shared state is guarded by one condition variable.
+Threads: gRPC runs each call on one pool of max_streams + max_weight_streams + unary_workers +
+unverified_unary_calls + status_workers workers. Calls are capped by the identity they prove, checked
+before they take a slot (`_vouched_for`: an HMAC over bounded input, no lock): a credential this learner
+minted for the actor id the call names or, on Register, the run's enrollment token for it. Group streams
+(at most max_streams, max_streams_per_actor per actor) and weight streams (at most max_weight_streams,
+max_weight_streams_per_actor per verified actor and max_anonymous_weight_streams for the rest) hold a
+worker each for their lifetime. Unary calls hold at most unary_calls_per_actor per verified actor, and
+those that prove no identity (whatever id they name) at most unverified_unary_calls together, so they
+never take a verified actor's slots or the unary_workers its calls need. A call past a cap is refused
+RESOURCE_EXHAUSTED at once. Status is served apart (call_limits.SharedReply): status_workers build it,
+other callers meanwhile share the newest reply. A group stream also has a reader thread
+(learner/service/group_stream.py). Long calls without progress for stream_idle_timeout_s are cancelled.
+All shared state is guarded by one condition variable.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -62,21 +68,22 @@ from learner.service.actor_registry import (
     UnknownCredential,
 )
 from learner.service.admission import Decision, Effect, PromptFacts, Rules, Sender, decide, examine, internal_error
-from learner.service.call_limits import AtCapacity, CallSlots
+from learner.service.call_limits import AtCapacity, CallSlots, SharedReply
+from learner.service.credentials import CredentialMinter
 from learner.service.enrollment import EnrollmentGate, NotEnrolled
 from learner.service.group_queue import GroupQueue, is_stale
 from learner.service.group_stream import GroupStream
 from learner.service.group_validation import CompletionRecord, GroupLimits, GroupRecord
 from learner.service.late_groups import LateGroupWait
 from learner.service.lease_budget import StepPace
-from learner.service.log_throttle import KeyedThrottle
 from learner.service.pacing import LeaseAsk, LeaseOutcome, budget_step, decide_lease, may_lease
 from learner.service.prompt_source import PromptSource, PromptState
 from learner.service.stale_log import StaleLog
 from learner.service.tolerant_handlers import Undecodable, add_tolerant_learner_servicer
-from learner.weights.publisher import WeightBlob, WeightPublisher, pack_weights
+from learner.weights.publisher import WeightPublisher, pack_weights
 from learner.weights.relay import RelayTree
 from learner.weights.shared_memory import SharedWeightFiles
+from learner.weights.transports import Fetch, WeightTransports
 from learner.weights.versions import UnknownWeightVersion, WeightVersions
 from learner.wire_bounds import InvalidInput, check_int, check_text
 from tandem_wire import grpc_options, pb, rpc
@@ -90,6 +97,8 @@ from tandem_wire.limits import (
     MAX_LABEL_CHARS,
     MAX_METADATA_BYTES,
 )
+from tandem_wire.log_throttle import KeyedThrottle
+from tandem_wire.weights.transports import RELAY
 
 __all__ = [
     "LearnerService",
@@ -107,6 +116,7 @@ MAX_PROMPTS_PER_LEASE = 1024
 WARNING_INTERVAL_S = 10.0  # at most one warning about re-registrations per interval
 MALFORMED_HEADER_LOG_S = 60.0  # at most one warning about malformed credential headers per actor id
 NOT_ENROLLED_LOG_S = 60.0  # at most one warning about refused registrations (retired, or not enrolled)
+BUSY_LOG_S = 60.0  # at most one warning per full pool (an actor's slots, or the unverified callers')
 
 
 class WeightsNotHeld(LookupError):
@@ -123,12 +133,6 @@ REFUSALS: tuple[tuple[type[Exception], grpc.StatusCode, str | None], ...] = (
     (RegistryFull, grpc.StatusCode.RESOURCE_EXHAUSTED, "calls_refused_busy"),
     (WeightsNotHeld, grpc.StatusCode.NOT_FOUND, None),
 )
-
-
-def _claimed_id(request: Any) -> str | None:
-    """The actor id a unary request names (bounded: the first MAX_ID_CHARS characters), else None."""
-    actor_id = getattr(request, "actor_id", "")
-    return actor_id[:MAX_ID_CHARS] if isinstance(actor_id, str) and actor_id else None
 
 
 def served(method: Callable) -> Callable:
@@ -148,9 +152,7 @@ def served(method: Callable) -> Callable:
     @functools.wraps(method)
     def unary(self: LearnerService, request: Any, context: grpc.ServicerContext) -> Any:
         try:
-            # keyed by the id the call claims (checked by the method): one id holds at most
-            # unary_calls_per_actor workers, and a call claiming another's id fails its credential check
-            with self._unary_calls.hold(_claimed_id(request)):
+            with self._unary_slot(request, context):
                 return method(self, request, context)
         except Exception as error:
             self._refuse(context, method.__name__, error)
@@ -176,26 +178,31 @@ class LearnerService(rpc.LearnerServicer):
         if self._shared is not None and not self._shared.domain:
             self._shared = None
         self._weights = WeightPublisher(on_drop=lambda weights: self._unshare(weights.version))
-        # Actors off this host relay each version to each other (learner/weights/relay.py).
+        # Which transport answers each fetch (learner/weights/transports.py): that file, else another
+        # actor's relay (actors off this host relay each version to each other), else our own chunks.
         fanout = cfg.server.weight_relay_fanout
-        self._relays = RelayTree(fanout) if fanout else None
+        self._transports = WeightTransports(self._shared, RelayTree(fanout) if fanout else None)
         self._versions = WeightVersions()
         self._latest_version = 0
         self._step = 0
         self._version_steps: dict[int, int] = {}  # published version -> the learner's step then
         self._stale = StaleLog()
         self._late = LateGroupWait(cfg.admission.late_group_wait_s)
-        self._registry = ActorRegistry(cfg.max_actors, cfg.admission.actor_timeout_s)
+        self._minter = CredentialMinter()  # read without the lock by _vouched_for: its key never changes
+        self._registry = ActorRegistry(cfg.max_actors, cfg.admission.actor_timeout_s, minter=self._minter)
         self._enrollment = EnrollmentGate(enrollment_key, cfg.server.open_enrollment)
         self._group_streams = CallSlots("group streams", cfg.max_streams, cfg.max_streams_per_actor)
         self._weight_streams = CallSlots("weight streams", cfg.max_weight_streams, cfg.max_weight_streams_per_actor,
                                          anonymous=cfg.max_anonymous_weight_streams)
-        self._unary_calls = CallSlots("unary calls", self._workers(), cfg.unary_calls_per_actor)
+        self._unary_calls = CallSlots("unary calls", self._workers(), cfg.unary_calls_per_actor,
+                                      anonymous=cfg.unverified_unary_calls)
+        self._status = SharedReply(self._status_reply, cfg.status_workers)
         self._reaper = IdleReaper(cfg.stream_idle_timeout_s, self._reaped)
         self._sinks: dict[str, GroupStream] = {}  # actor_id -> its current group stream
         self._warned_at = -WARNING_INTERVAL_S
         self._malformed_log = KeyedThrottle(MALFORMED_HEADER_LOG_S)
         self._not_enrolled_log = KeyedThrottle(NOT_ENROLLED_LOG_S)
+        self._busy_log = KeyedThrottle(BUSY_LOG_S)
         limits = GroupLimits(0, cfg.group_size, cfg.vocab_size, cfg.max_prompt_tokens, cfg.max_sequence_tokens)
         self._rules_cache = Rules(limits, cfg.admission.max_staleness)
         self._server: grpc.Server | None = None
@@ -536,33 +543,23 @@ class LearnerService(rpc.LearnerServicer):
         domain = check_text("shared_memory_domain", request.shared_memory_domain, MAX_LABEL_CHARS)
         relay_address = request_checks.relay_address(request.relay_address)
         what = f"weight stream of {actor_id!r}"
-        with self._weight_streams.hold(self._verified(context, actor_id)), \
+        with self._weight_streams.hold(self._vouched_for(request, context)), \
                 self._reaper.watch(what, context.cancel) as progress:
             try:
                 weights = self._weights.acquire(version)
             except KeyError as error:
                 raise WeightsNotHeld(error.args[0]) from None
             try:  # serialised once at publish time
-                for message in self._weight_messages(weights, actor_id, domain, relay_address, request.accept_peer):
+                transport, messages = self._transports.answer(
+                    weights, Fetch(actor_id, domain, relay_address, request.accept_peer))
+                if transport is RELAY:
+                    self._accounting.add("weight_fetches_relayed", 1)
+                for message in messages:
                     yield message
                     self._accounting.add("weight_bytes_streamed", len(message))
                     progress.touch()
             finally:
                 self._weights.release(weights)
-
-    def _weight_messages(self, weights: WeightBlob, actor_id: str, domain: str, relay_address: str,
-                         accept_peer: bool) -> tuple[bytes, ...]:
-        """A version's stream for this actor: a same-host actor gets the shared file's path; one off this
-        host the chunks, or, when another actor already relays them, that actor's address."""
-        if self._shared is not None and domain == self._shared.domain and weights.shared_messages:
-            return weights.shared_messages
-        peer = None if self._relays is None else self._relays.source(
-            weights.version, actor_id, relay_address, accept_peer)
-        if peer is None:
-            return weights.messages
-        self._accounting.add("weight_fetches_relayed", 1)
-        location = pb.PeerWeights(version=weights.version, address=peer.address, actor_id=peer.actor_id)
-        return weights.messages[0], pb.WeightMessage(peer=location).SerializeToString(), weights.messages[-1]
 
     @served
     def ReportWeights(self, request: pb.WeightReport, context: grpc.ServicerContext) -> pb.WeightReportReply:
@@ -579,6 +576,10 @@ class LearnerService(rpc.LearnerServicer):
     @served
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
         _decoded(request)
+        return self._status.read()  # served apart: see _unary_slot
+
+    def _status_reply(self) -> pb.StatusReply:
+        """What Status answers, read under the service's lock."""
         counts = self.accounting()
         with self._cond:
             return pb.StatusReply(
@@ -607,20 +608,34 @@ class LearnerService(rpc.LearnerServicer):
         """`actor`'s budget step (learner/service/pacing.py) from the versions this learner published."""
         return budget_step(self._step, actor.weight_version, self._version_steps)
 
-    def _verified(self, context: grpc.ServicerContext, actor_id: str) -> str | None:
-        """`actor_id` when the call's credential is that registered actor's, else None (FetchWeights needs
-        only the run token; a call without a valid credential counts among the anonymous ones)."""
-        with self._cond:
-            try:
-                self._registry.authenticate(_header(context, CREDENTIAL_METADATA_KEY), actor_id)
-            except CredentialRefused:
-                return None
-        return actor_id
+    def _vouched_for(self, request: Any, context: grpc.ServicerContext) -> str | None:
+        """The actor id the call names when the call proves it may speak for it: a credential this learner
+        minted for that id or, on Register, the enrollment token the run's fleet minted for it. Else None:
+        the call counts among the unverified ones, whatever id it names. One or two HMACs over bounded
+        input, compared in constant time, reading no state that changes (so no lock): it runs before the
+        call takes a slot. Whether the registration is still current is the method's check, later."""
+        actor_id = getattr(request, "actor_id", "")  # none on Status, nor on bytes that did not parse
+        if not isinstance(actor_id, str) or not 0 < len(actor_id) <= MAX_ID_CHARS:
+            return None
+        if self._minter.verify(actor_id, _header(context, CREDENTIAL_METADATA_KEY)):
+            return actor_id
+        if isinstance(request, pb.RegisterRequest) and self._enrollment.vouches(
+                actor_id, _header(context, ENROLLMENT_METADATA_KEY)):
+            return actor_id
+        return None
+
+    def _unary_slot(self, request: Any, context: grpc.ServicerContext) -> contextlib.AbstractContextManager:
+        """The slot a unary call holds while it runs: one of the actor it proves it speaks for, or one of
+        the pool of calls that prove no identity. Status holds none: SharedReply bounds its builders."""
+        if isinstance(request, pb.StatusRequest):
+            return contextlib.nullcontext()
+        return self._unary_calls.hold(self._vouched_for(request, context))
 
     def _workers(self) -> int:
-        """The server's thread pool: every long call's cap plus the unary workers."""
+        """The server's thread pool: every long call's cap plus the unary, unverified and Status workers."""
         cfg = self.config
-        return cfg.max_streams + cfg.max_weight_streams + cfg.unary_workers
+        return (cfg.max_streams + cfg.max_weight_streams + cfg.unary_workers + cfg.unverified_unary_calls
+                + cfg.status_workers)
 
     def _caller(self, context: grpc.ServicerContext, actor_id: str) -> ActorRecord:
         """The registered actor the call's credential names, which must be `actor_id`; heard from now."""
@@ -635,6 +650,9 @@ class LearnerService(rpc.LearnerServicer):
             log.warning("%s refused a malformed %s header (claimed actor %.64r); at most one such "
                         "warning per actor per %.0f s, credentials_refused counts them all",
                         method, error.header, error.actor_id, MALFORMED_HEADER_LOG_S)
+        if isinstance(error, AtCapacity) and self._busy_log.allow(str(error)):
+            log.warning("%s refused: %s; at most one such warning per pool per %.0f s, calls_refused_busy counts "
+                        "them all", method, error, BUSY_LOG_S)
         if isinstance(error, NotEnrolled) and self._not_enrolled_log.allow(NotEnrolled):
             log.warning("%s refused: %.300s; at most one such warning per %.0f s, credentials_refused counts "
                         "them all", method, error, NOT_ENROLLED_LOG_S)

@@ -1,13 +1,15 @@
-"""Versioned weights: serialised once per version, checksummed, streamed in chunks.
+"""Versioned weights: serialised once per version, checksummed, streamed in chunks (the stream
+transport's learner half, tandem_wire/weights/transports.py), and held while they are read.
 
-A version is one contiguous byte blob (each tensor 64-byte aligned, so the receiver can view
-every tensor in place) described by a WeightHeader of TensorSpecs, with the digest of the blob (the
-kind, tandem_wire.digest, named in the header: blake3 unless the server's config says sha256).
+A version (tandem_wire/weights/manifest.py) is one contiguous byte blob (each tensor 64-byte aligned, so
+the receiver can view every tensor in place) described by a WeightHeader of TensorSpecs and the version's
+kind, with the digest of the blob (its kind, tandem_wire.weights.digest, named in the header: blake3
+unless the server's config says sha256).
 The whole FetchWeights stream of a version (header, chunks, commit) is serialised once, at
 publish time, so serving it to each actor copies nothing in Python; the blob itself is not kept in
 the process. With a `share` writer (learner/weights/shared_memory.py) the blob is also written once into
 shared memory, and a second, tiny stream (header, SharedWeights, commit) serves same-host actors;
-the SharedWeights carries the file's own digest (xxh3_128 by default: tandem_wire.digest says why).
+the SharedWeights carries the file's own digest (xxh3_128 by default: tandem_wire.weights.digest says why).
 The newest version is kept, and an older one only while a stream still reads it.
 """
 
@@ -17,19 +19,12 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
-from tandem_wire import WEIGHT_CHUNK_BYTES, pb
-from tandem_wire.chunks import encode_chunk
-from tandem_wire.digest import DEFAULT_DIGEST, DEFAULT_SHARED_DIGEST, hexdigest
-
-ALIGNMENT = 64
-WIRE_DTYPES = {
-    np.dtype(np.float32): pb.DTYPE_FLOAT32,
-    np.dtype(ml_dtypes.bfloat16): pb.DTYPE_BFLOAT16,
-    np.dtype(np.float16): pb.DTYPE_FLOAT16,
-}
+from tandem_wire import pb
+from tandem_wire.weights.chunks import WEIGHT_CHUNK_BYTES, encode_chunk
+from tandem_wire.weights.digest import DEFAULT_DIGEST, DEFAULT_SHARED_DIGEST, hexdigest
+from tandem_wire.weights.manifest import ALIGNMENT, FULL, WIRE_DTYPES
 
 
 @dataclass(frozen=True)
@@ -44,13 +39,13 @@ class WeightBlob:
 def pack_weights(
     version: int, tensors: Iterable[tuple[str, np.ndarray]], chunk_bytes: int = WEIGHT_CHUNK_BYTES,
     digest: str = DEFAULT_DIGEST, share: Callable[[int, memoryview], str] | None = None,
-    shared_digest: str = DEFAULT_SHARED_DIGEST,
+    shared_digest: str = DEFAULT_SHARED_DIGEST, kind: int = FULL,
 ) -> WeightBlob:
     """Serialise named tensors (float32, bfloat16 or float16) into one aligned blob with its `digest`
-    (a tandem_wire.digest kind), cut into the serialised messages of its stream; `share(version, blob)`,
-    when given, writes the blob into shared memory and returns the path same-host actors read ("" when
-    it could not: the version is then streamed only); the shared file is named with its own
-    `shared_digest`."""
+    (a tandem_wire.weights.digest kind), cut into the serialised messages of its stream; `share(version,
+    blob)`, when given, writes the blob into shared memory and returns the path same-host actors read (""
+    when it could not: the version is then streamed only); the shared file is named with its own
+    `shared_digest`. `kind` says what the tensors are (tandem_wire/weights/manifest.py)."""
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
     arrays: list[tuple[str, np.ndarray]] = []
@@ -67,7 +62,7 @@ def pack_weights(
             )
         seen.add(name)
         arrays.append((name, array))
-    header = pb.WeightHeader(version=version, checksum_algorithm=digest)
+    header = pb.WeightHeader(version=version, checksum_algorithm=digest, kind=kind)
     offset = 0
     for name, array in arrays:
         header.tensors.add(

@@ -3,7 +3,7 @@ for actors off its host, however many fetch it (the relay tree).
 
 The first actor that fetches the newest version over the stream gets the learner's chunks; every
 later one is answered PeerWeights, naming an actor already fetching that version, whose relay server
-(actors/weight_relay.py) forwards the chunks as they land: pipelined, so a chain never waits for a
+(actors/weights/relay.py) forwards the chunks as they land: pipelined, so a chain never waits for a
 whole copy. Each relay serves at most `fanout` actors, filled breadth first (in order of arrival),
 so N actors sit log_fanout(N) deep. The header and commit always come from the learner, so a relay
 can make a fetch fail but never change what is applied; the actor then asks the learner again with

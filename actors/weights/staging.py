@@ -1,77 +1,36 @@
-"""Staging of one weight version received as a stream: header, the blob, commit.
+"""Staging of one weight version received as a stream: header, the blob, commit (the stream transport's
+actor half, tandem_wire/weights/transports.py; the other transports deliver the blob into it).
 
-The blob comes as chunks in the stream, or (for an actor on the learner's host that offered its
-shared-memory domain) as one SharedWeights naming a file in /dev/shm, which is mapped copy-on-write
-(MAP_PRIVATE) and verified in place, with no copy: the learner writes each file once under a fresh
-name and never changes it, so what was verified is what vLLM reads. (Only a process of the same user
-on the same host could still write the file; such a process can write this actor's memory as well,
-so a private copy would buy nothing against it.) Measured: the copy halved the shared path's rate.
+The blob comes as chunks in the stream (from the learner, or from another actor's relay: actors/weights/
+relay.py), or (for an actor on the learner's host that offered its shared-memory domain) as one
+SharedWeights naming a file in /dev/shm, mapped copy-on-write and verified in place
+(actors/weights/shared_memory.py).
 
 Bytes land in one buffer (or one mapping); the checksum is computed as chunks arrive, and each
-tensor is scanned for non-finite values once it has landed (actors/finite_scan.py), both on threads
-of their own. Only a stream that is complete, contiguous and whose digest matches the commit yields
+tensor is scanned for non-finite values once it has landed (actors/weights/finite_scan.py), both on
+threads of their own. Only a stream that is complete, contiguous and whose digest matches the commit yields
 tensors (zero-copy numpy views into the buffer); anything else raises WeightTransferError and returns
 nothing, so the caller keeps serving its previous version. A stream's digest is of the kind its header
 names, which must be cryptographic (its chunks may come from another actor, a relay); a shared file
-is verified against the digest its SharedWeights names (xxh3_128 by default, tandem_wire.digest).
+is verified against the digest its SharedWeights names (xxh3_128 by default, tandem_wire.weights.digest).
 """
 
 from __future__ import annotations
 
 import math
-import mmap
-import os
-import stat
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Protocol
 
-import ml_dtypes
 import numpy as np
 
-from actors.finite_scan import FiniteScan
+from actors.weights.finite_scan import FiniteScan
+from actors.weights.shared_memory import map_shared
+from actors.weights.staged import StagedWeights, StagingWatcher, WeightTransferError
 from tandem_wire import pb
-from tandem_wire.bulk import SHARED_PREFIX, SHM_DIR
-from tandem_wire.digest import CRYPTOGRAPHIC, Digest, UnknownDigest, new_digest
+from tandem_wire.weights.digest import CRYPTOGRAPHIC, Digest, UnknownDigest, new_digest
+from tandem_wire.weights.manifest import NUMPY_DTYPES
 
-# The wire's dtypes (the learner's weight_publisher.WIRE_DTYPES, inverted; actors/ may not import learner/).
-NUMPY_DTYPES = {
-    pb.DTYPE_FLOAT32: np.dtype(np.float32),
-    pb.DTYPE_BFLOAT16: np.dtype(ml_dtypes.bfloat16),
-    pb.DTYPE_FLOAT16: np.dtype(np.float16),
-}
 MAX_WEIGHT_BYTES = 1 << 40  # a header announcing more is refused before allocating
-
-
-class WeightTransferError(RuntimeError):
-    """A weight stream that is incomplete, malformed or fails its checksum."""
-
-
-class SharedFileGone(WeightTransferError):
-    """The shared file the learner named no longer exists: the learner finishes its (3-message) stream
-    and unpins the version before we open the file, and a publish in between removes it."""
-
-
-@dataclass(frozen=True)
-class StagedWeights:
-    version: int
-    tensors: list[tuple[str, np.ndarray]]  # views into one buffer, in the learner's order
-    checksum: str
-    total_bytes: int
-    transfer_s: float = 0.0
-    nonfinite: tuple[str, ...] | None = None  # tensors with a NaN or Inf, scanned while staging; None: unscanned
-
-
-class StagingWatcher(Protocol):
-    """Sees a streamed blob land, chunk by chunk (an actor's relay forwards it before it is whole)."""
-
-    def landed(self, header: pb.WeightHeader, buffer: np.ndarray, end: int) -> None:
-        """Bytes [0, end) of the blob `header` describes are in `buffer`."""
-
-    def finished(self, ok: bool) -> None:
-        """The stream ended: verified (True) or failed (False)."""
 
 
 def stage_weights(
@@ -115,7 +74,8 @@ def _stage(
         (name, np.frombuffer(buffer, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape))
         for name, dtype, shape, offset in specs
     ]
-    return StagedWeights(header.version, tensors, checksum, header.total_bytes, nonfinite=nonfinite)
+    return StagedWeights(header.version, tensors, checksum, header.total_bytes, nonfinite=nonfinite,
+                         kind=header.kind)
 
 
 def _receive_blob(
@@ -156,7 +116,7 @@ def _receive_blob(
                 if watcher is not None:
                     watcher.landed(header, buffer, end)
             elif part == "shared" and allow_shared and buffer is None:
-                buffer = _map_shared(msg.shared, header)
+                buffer = map_shared(msg.shared, header)
                 if msg.shared.checksum_algorithm:
                     try:
                         digest = new_digest(msg.shared.checksum_algorithm)
@@ -179,33 +139,6 @@ def _receive_blob(
     raise WeightTransferError(
         f"weight stream truncated after {received} of {header.total_bytes} bytes (no commit)"
     )
-
-
-def _map_shared(shared: pb.SharedWeights, header: pb.WeightHeader) -> np.ndarray:
-    """The shared file mapped copy-on-write, as bytes. Only a regular file under the shared-memory
-    dir, of exactly the announced size."""
-    path = Path(shared.path)
-    if shared.version != header.version or shared.total_bytes != header.total_bytes:
-        raise WeightTransferError(f"shared weights of version {shared.version}, {shared.total_bytes} bytes "
-                                  f"in a stream of version {header.version}, {header.total_bytes} bytes")
-    if path.parent != SHM_DIR or not path.name.startswith(SHARED_PREFIX):
-        raise WeightTransferError(f"shared weights outside {SHM_DIR}: {shared.path!r}")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError as error:
-        raise SharedFileGone(f"shared weights gone (superseded?): {error}") from None
-    except OSError as error:
-        raise WeightTransferError(f"shared weights unreadable: {error}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size != header.total_bytes:
-            raise WeightTransferError(f"shared weights {path.name}: not a file of {header.total_bytes} bytes")
-        if not header.total_bytes:
-            return np.empty(0, dtype=np.uint8)
-        # ACCESS_COPY (MAP_PRIVATE): writable views for torch.from_numpy, and no write ever reaches the file
-        return np.frombuffer(mmap.mmap(fd, header.total_bytes, access=mmap.ACCESS_COPY), dtype=np.uint8)
-    finally:
-        os.close(fd)  # the mapping outlives the descriptor
 
 
 def _checked_specs(header: pb.WeightHeader) -> list[tuple[str, np.dtype, tuple[int, ...], int]]:

@@ -1,5 +1,6 @@
 """At most one log line per key per interval, in bounded memory: what a hostile client can make the
-learner log is bounded however many calls it makes (the counters still count every one)."""
+learner log is bounded however many calls it makes, and an actor refused again and again by a busy
+learner says so once a minute, not once a call (the counters still count every one). Both ends use it."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""An actor's weight relay: it forwards the version it is fetching to the actors the learner sends to it.
+"""An actor's weight relay: it forwards the version it is fetching to the actors the learner sends to it
+(the relay transport's actor half, tandem_wire/weights/transports.py).
 
 Why: an actor off the learner's host streams each version over gRPC; if every actor pulled from the
-learner, the learner's egress would be N versions per publish. Instead the learner (learner/
-weight_relay.py) sends later fetchers to an actor already fetching the version, and this server
+learner, the learner's egress would be N versions per publish. Instead the learner (learner/weights/
+relay.py) sends later fetchers to an actor already fetching the version, and this server
 forwards that actor's chunks *as they land* (pipelined: a chain of relays costs a few chunk times,
 not a copy each). The fetching side (`relay_chunks`) takes only chunks from a relay; the header and
 commit come from the learner, so a relay that sends wrong, short or no bytes makes the fetch fail
@@ -26,11 +27,11 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 
-from actors.weight_staging import WeightTransferError
-from tandem_wire import WEIGHT_CHUNK_BYTES, WIRE_VERSION, grpc_options, pb, rpc
+from actors.weights.staged import WeightTransferError
+from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
 from tandem_wire.auth import BearerTokenInterceptor
-from tandem_wire.chunks import encode_chunk
 from tandem_wire.idle import IdleReaper
+from tandem_wire.weights.chunks import WEIGHT_CHUNK_BYTES, encode_chunk
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class RelayFailed(WeightTransferError):
 
 
 class RelayedBlob:
-    """One version as it is staged (actors.weight_staging.StagingWatcher), readable while its chunks land."""
+    """One version as it is staged (actors.weights.staged.StagingWatcher), readable while its chunks land."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()

@@ -1,0 +1,47 @@
+"""How an actor applies a weight version: its kind (pb.WeightKind, in the version's header) decides.
+
+One row per kind: how the staged tensors are checked while the engine keeps sampling (`check`, raising
+WeightSetError for a version this engine cannot take) and how the checked version is loaded between two
+engine steps (`load`, returning the seconds sampling stalled). Full weights are checked against the
+engine's own tensors and reloaded in place (actors/weights/vllm_worker_ext.py). A kind without a row is
+refused like a version that fails its check: the actor keeps serving the one it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from actors.engine import WeightSetError
+from actors.weights.staged import StagedWeights
+from tandem_wire import pb
+from tandem_wire.weights.manifest import FULL
+
+if TYPE_CHECKING:
+    from actors.engine import RolloutEngine
+
+Checked = TypeVar("Checked")
+
+
+@dataclass(frozen=True)
+class Applier(Generic[Checked]):
+    """How one kind of version is checked and loaded."""
+
+    check: Callable[[RolloutEngine, StagedWeights], Checked]
+    load: Callable[[RolloutEngine, Checked], float]
+
+
+APPLIERS: dict[int, Applier[Any]] = {
+    FULL: Applier(check=lambda engine, staged: engine.check_weights(staged.tensors, staged.nonfinite),
+                  load=lambda engine, checked: engine.load_weights(checked)),
+}
+
+
+def applier(kind: int) -> Applier[Any]:
+    """The row of `kind`; WeightSetError when this actor cannot apply that kind."""
+    row = APPLIERS.get(kind)
+    if row is None:
+        known = [pb.WeightKind.Name(k) for k in APPLIERS]
+        raise WeightSetError(f"weight kind {kind} is not one this actor applies ({known})")
+    return row
