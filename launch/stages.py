@@ -25,8 +25,8 @@ from launch.run import Mode, Run, parse_config, prepare, setup_process
 from launch.supervised_mode import run_supervised_mode
 from learner.mesh import init_distributed, is_leader
 
-SHOWN = ("mode", "steps", "model", "hf_final", "eval", "handoff", "accounting", "accounting_violations", "learner", "guard",
-         "stale")
+SHOWN = ("mode", "steps", "model", "hf_final", "eval", "handoff", "accounting", "accounting_violations", "learner",
+         "guard", "stale")
 
 
 def run_mode(run: Run, mode: Mode) -> dict[str, Any]:
