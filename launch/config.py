@@ -47,6 +47,7 @@ from learner.schema import (
     ServiceConfig,
     TrainConfig,
 )
+from models.peft import LoraConfig
 from rewards.spec import RewardSpec, WeightedReward
 from rewards.tools import template_tools
 
@@ -80,6 +81,10 @@ class ModelConfig(Section):
                                "with dtype bfloat16 is mixed precision: a bf16 copy of the weights runs "
                                "each step, the update lands in float32. bfloat16 here rounds away every "
                                "update below half a bf16 ulp of its weight (most of them at lr <= 1e-5)")
+    lora: LoraConfig | None = Field(None, description="train LoRA adapters instead of every weight "
+                                                      "(models.peft.LoraConfig: rank, alpha, dropout, targets): "
+                                                      "the base stays frozen in dtype, weight versions are the "
+                                                      "adapters only; null: full fine-tuning")
 
 
 class DataConfig(ChatFormat):
