@@ -11,6 +11,7 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+from models.attention import segment_mask
 from models.families import hf_param_shapes
 from models.jax_model import (
     export_hf_tensors,
@@ -18,7 +19,7 @@ from models.jax_model import (
     forward_logits,
     load_model,
     make_mesh,
-    positions_and_mask,
+    positions_and_segments,
     save_hf_dir,
     unembed,
 )
@@ -70,12 +71,16 @@ def test_logits_match_transformers(tiny_dirs, family, tied):
 
 @pytest.mark.parametrize("family", ["qwen2", "llama3"])
 def test_hidden_unembed_split_equals_tunix_call(tiny_dirs, family):
+    """Our decoder-layer forward (segment ids, blockwise attention by default on CPU) against tunix's own
+    `__call__` (its einsum attention under the dense mask): the same logits on every real token."""
     model = load_model(tiny_dirs[family, False]).model
-    positions, mask = positions_and_mask(jnp.asarray(MASK))
-    tunix_logits, _ = model(jnp.asarray(IDS), positions, None, mask)  # tunix's own __call__
+    positions, segments = positions_and_segments(jnp.asarray(MASK))
+    tunix_logits, _ = model(jnp.asarray(IDS), positions, None, segment_mask(segments))  # tunix's own __call__
     hidden = forward_hidden(model, IDS, MASK)
-    np.testing.assert_allclose(unembed(model, hidden), tunix_logits, atol=1e-6)
-    np.testing.assert_allclose(unembed(model, hidden[:, 3:7]), tunix_logits[:, 3:7], atol=1e-6)
+    real = MASK.astype(bool)
+    np.testing.assert_allclose(np.asarray(unembed(model, hidden))[real], np.asarray(tunix_logits)[real], atol=1e-6)
+    np.testing.assert_allclose(np.asarray(unembed(model, hidden[:, 3:7]))[real[:, 3:7]],
+                               np.asarray(tunix_logits)[:, 3:7][real[:, 3:7]], atol=1e-6)
 
 
 def test_padding_side_does_not_change_real_token_logits(tiny_dirs):

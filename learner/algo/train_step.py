@@ -57,11 +57,7 @@ def cast_floating(tree: nnx.State, dtype: jnp.dtype) -> nnx.State:
 def packed_hidden(model: nnx.Module, input_ids: jax.Array, segment_ids: jax.Array,
                   positions: jax.Array) -> jax.Array:
     """Final-normed hidden states of packed rows: causal attention within each segment only."""
-    t = input_ids.shape[1]
-    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    mask = causal[None] & same & (segment_ids[:, None, :] > 0)
-    return model.hidden_states(input_ids, positions, mask)
+    return model.hidden_states(input_ids, positions, segment_ids)
 
 
 class Trainer:
