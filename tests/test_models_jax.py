@@ -197,3 +197,40 @@ def test_large_exports_are_sharded_with_an_index_and_stale_shards_removed(tiny_d
     assert sorted(p.name for p in out.glob("*.safetensors")) == ["model.safetensors"]
     assert not (out / "model.safetensors.index.json").exists()
     assert not [p for p in out.iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama3"])
+def test_blockwise_attention_gives_the_einsum_models_logits_and_gradients(tiny_dirs, family):
+    graphdef, params, rest = nnx.split(load_model(tiny_dirs[family, True]).model, nnx.Param, ...)
+    real = jnp.asarray(MASK.astype(bool))[..., None]
+    weights = jax.random.normal(jax.random.key(0), (*IDS.shape, 48))  # the tiny vocabulary
+
+    def loss(p, impl):
+        model = nnx.merge(graphdef, p, rest)
+        model.attention_impl = impl
+        logits = forward_logits(model, IDS, MASK)
+        return jnp.sum(jnp.where(real, logits, 0) * weights), logits
+
+    (_, blockwise), grads = jax.value_and_grad(loss, has_aux=True)(params, "blockwise")
+    (_, einsum), reference = jax.value_and_grad(loss, has_aux=True)(params, "xla")
+    np.testing.assert_allclose(np.asarray(blockwise)[MASK.astype(bool)], np.asarray(einsum)[MASK.astype(bool)],
+                               atol=1e-5)
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(reference), strict=True):
+        # float32 rounding of gradients up to ~30 (weights summed over every position): 1e-5 of the largest
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5 * float(jnp.abs(want).max()))
+
+
+@pytest.mark.parametrize("impl", ["blockwise", "xla"])
+def test_a_packed_row_gives_each_sequence_its_own_hidden_states(tiny_dirs, impl):
+    """Two sequences in one row (positions restarting, segment ids 1 and 2, padding after) against each
+    run alone: attention never crosses a segment, whatever the implementation."""
+    model = load_model(tiny_dirs["qwen3", False]).model
+    model.attention_impl = impl
+    first, second = IDS[0], IDS[1, :8]
+    packed = np.concatenate([first, second, [0, 0]])[None]
+    positions = np.concatenate([np.arange(10), np.arange(8), [0, 0]])[None]
+    segments = np.asarray([[1] * 10 + [2] * 8 + [0, 0]])
+    hidden = np.asarray(model.hidden_states(jnp.asarray(packed), jnp.asarray(positions), jnp.asarray(segments)))[0]
+    for sequence, span in ((first, slice(0, 10)), (second, slice(10, 18))):
+        alone = np.asarray(forward_hidden(model, sequence[None], np.ones((1, len(sequence)), np.int32)))[0]
+        np.testing.assert_allclose(hidden[span], alone, atol=1e-5)
