@@ -38,7 +38,7 @@ Rows (tandem | baseline | ratio):
              parallel TCP streams, Ray's object store, the digests alone)
   real       (only with `--only real`) the learner at Qwen2.5-0.5B's shape (151,936 vocabulary, random
              weights): XLA's memory of one compiled SFT step (24 layers, 8 rows x 256 tokens) in float32
-             and mixed precision, with and without train.remat  |  the analytic floor (weights, grads,
+             and mixed precision, under each train.remat policy  |  the analytic floor (weights, grads,
              AdamW moments, compute copy, remat activations, one logits chunk); SFT step tokens/s at
              2 layers, mixed  |  float32 (tests/benchmarks/bench_real_shape.py, ~15 min here)
   service    (only with `--only service`) the learner service's admission: groups/s admitted (QUEUED)

@@ -9,7 +9,7 @@ for the sizes: one vLLM rollout actor, one reward worker, GSM8K-shaped rows made
 --model-dir it makes a Qwen2.5-0.5B-shaped checkpoint with random weights (models.tiny: the real widths
 and 151,936-token vocabulary, --layers of its 24) and rewards a format a random model meets about half
 the time, so every step updates; with --model-dir (a real checkpoint) the config's math_answer stays.
-Trailing key=value pairs override the config (e.g. mesh.tp=2 train.remat=true).
+Trailing key=value pairs override the config (e.g. mesh.tp=2 train.remat=full).
 
 Printed (steps after the first, which compiles): learner step seconds and tokens/s, MFU =
 (6·N + 12·L·d·T) FLOPs per trained token × tokens/s / peak (N parameters, L layers, d = heads × head_dim,

@@ -100,8 +100,8 @@ def test_real_shape_rows_put_each_precisions_step_memory_beside_its_floor():
     floor = bench_real_shape.floor_bytes(1000, "mixed", layers=2, tokens=10, hidden=4, vocab=50, chunk_tokens=8)
     assert floor == 4 * 1000 * 4 + 1000 * 2 + 2 * 10 * 4 * 2 + 8 * 50 * 4  # master+grads+m+v, copy, acts, chunk
     real = {"sizes": {"layers": 24, "rows": 8, "seq": 256, "speed_layers": 2},
-            "memory": {"mixed, remat": {"step_bytes": 9 * gib, "floor_bytes": 6 * gib}},
+            "memory": {"mixed, remat full": {"step_bytes": 9 * gib, "floor_bytes": 6 * gib}},
             "speed": {"mixed": {"tokens_per_s": 90.0}, "float32": {"tokens_per_s": 60.0}}}
     rows = {name: (ours, base) for name, ours, base, _ in bench.table({"real": real})}
-    assert rows["learner: step memory at Qwen2.5-0.5B shape (24 layers, 8x256), mixed, remat vs floor"] == (9, 6)
+    assert rows["learner: step memory at Qwen2.5-0.5B shape (24 layers, 8x256), mixed, remat full vs floor"] == (9, 6)
     assert rows["learner: SFT step tok/s at real widths (2 layers), mixed vs float32"] == (90.0, 60.0)

@@ -128,3 +128,22 @@ def test_bad_arguments(model, batch):
         per_token_logprobs(model, ids, mask, temperature=0.0)
     with pytest.raises(ValueError, match="chunk_tokens"):
         per_token_logprobs(model, ids, mask, chunk_tokens=0)
+
+
+def test_float32_head_unembeds_the_bf16_bodys_hidden_states_in_float32(model, batch):
+    """train.float32_logits: the bf16 model's hidden states, cast to float32, through the float32 head;
+    oracle: float64 numpy log-softmax of those hidden states times the float32 head."""
+    from models.jax_model import forward_hidden
+
+    ids, mask = jnp.asarray(batch.input_ids), jnp.asarray(batch.attention_mask)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    bf16 = nnx.merge(graphdef, jax.tree.map(lambda x: x.astype(jnp.bfloat16), params), rest)
+    logps, _ = per_token_logprobs(bf16, ids, mask, chunk_tokens=4, float32_head=model)
+    hidden = np.asarray(forward_hidden(bf16, ids, mask)[:, :-1].astype(jnp.float32), np.float64)
+    logits = hidden @ np.asarray(model.lm_head.w[...], np.float64)
+    logp_all = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    want = np.take_along_axis(logp_all, np.asarray(ids)[:, 1:, None], axis=-1)[..., 0]
+    np.testing.assert_allclose(np.asarray(logps), want, atol=1e-5)
+    plain, _ = per_token_logprobs(bf16, ids, mask, chunk_tokens=4)  # the bf16 head rounds the logits
+    assert float(jnp.abs(plain - logps).max()) > 1e-4
