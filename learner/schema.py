@@ -180,13 +180,13 @@ class TrainConfig(Section):
                                                              "by the learner: its logits memory is a few "
                                                              "copies of this × vocab in fp32, whatever the "
                                                              "batch")
-    remat: RematPolicy = Field("none", description="what the backward pass recomputes of each decoder layer "
-                                                   "(MaxText's remat_policy): none (keep every activation), "
-                                                   "full (keep the layer input, recompute the layer: ~1/3 "
-                                                   "more compute), save_matmuls (keep the weight matmuls' "
-                                                   "outputs, recompute norms, rope, attention and "
-                                                   "activations; MaxText's 'minimal'). true/false mean "
-                                                   "full/none. Costs: docs/benchmarks.md")
+    remat: RematPolicy = Field("save_matmuls", description="what the backward pass recomputes of each decoder "
+                                                           "layer (MaxText's remat_policy): none (keep every "
+                                                           "activation), full (keep the layer input, recompute "
+                                                           "the layer: ~1/3 more compute), save_matmuls (keep the "
+                                                           "weight matmuls' outputs, recompute norms, rope, "
+                                                           "attention and activations; MaxText's 'minimal'). "
+                                                           "true/false mean full/none. Costs: docs/benchmarks.md")
     attention: AttentionImpl = Field("auto", description="attention kernel (models.attention): auto picks "
                                                          "pallas_gpu on GPUs, splash on TPUs, blockwise "
                                                          "elsewhere; xla is the einsum reference, whose "

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import functools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -240,8 +239,12 @@ class _HiddenAndUnembed:
         """
         x = self.embedder.encode(input_tokens)
         sin, cos = (t.astype(x.dtype) for t in self._rope_tables(positions))
-        run = _layer_runner(functools.partial(type(self)._decoder_layer, impl=self.attention_impl),
-                            self.remat_policy)
+        decoder_layer, impl = type(self)._decoder_layer, self.attention_impl
+
+        def layer_fn(layer: nnx.Module, x: jax.Array, sin: jax.Array, cos: jax.Array, segment_ids: jax.Array):
+            return decoder_layer(layer, x, sin, cos, segment_ids, impl=impl)  # nnx.remat takes no keywords
+
+        run = _layer_runner(layer_fn, self.remat_policy)
         for layer in self.layers:
             x = run(layer, x, sin, cos, segment_ids)
         return self.final_norm(x)

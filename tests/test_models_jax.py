@@ -234,3 +234,19 @@ def test_a_packed_row_gives_each_sequence_its_own_hidden_states(tiny_dirs, impl)
     for sequence, span in ((first, slice(0, 10)), (second, slice(10, 18))):
         alone = np.asarray(forward_hidden(model, sequence[None], np.ones((1, len(sequence)), np.int32)))[0]
         np.testing.assert_allclose(hidden[span], alone, atol=1e-5)
+
+
+def test_every_remat_policy_gives_the_same_gradients(tiny_dirs):
+    """Remat changes what the backward pass keeps, not what it computes."""
+    graphdef, params, rest = nnx.split(load_model(tiny_dirs["qwen2", False]).model, nnx.Param, ...)
+
+    def loss(p, policy):
+        model = nnx.merge(graphdef, p, rest)
+        model.remat_policy = policy
+        return jnp.sum(forward_logits(model, IDS, MASK)[MASK.astype(bool)] ** 2)
+
+    reference = jax.grad(loss)(params, "none")
+    for policy in ("full", "save_matmuls"):
+        grads = jax.tree.leaves(jax.grad(loss)(params, policy))
+        for got, want in zip(grads, jax.tree.leaves(reference), strict=True):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6 * float(jnp.abs(want).max()))

@@ -84,22 +84,32 @@ def floor_bytes(n_params: int, precision: str, *, layers: int, tokens: int, hidd
     return 4 * master + copy + layers * tokens * hidden * compute + min(tokens, chunk_tokens) * vocab * 4
 
 
+def compiled_memory(trainer, kind: str, arrays: dict):
+    """XLA's memory analysis of the trainer's compiled `kind` step ("sft" or "rl") on host `arrays`
+    (compiled, not run)."""
+    import jax
+
+    from learner.mesh import shard_rows
+
+    with jax.set_mesh(trainer.mesh):
+        batch = shard_rows(trainer.mesh, arrays)
+        step = trainer._step("rl" if kind == "rl" else "ce")
+        return step.lower(trainer.state, batch, trainer._reference).compile().memory_analysis()
+
+
 def step_memory(model_dir: Path, precision: str, remat: str, args: argparse.Namespace) -> dict:
     """XLA's bytes of one compiled SFT step of `precision` (run in a child process: a 24-layer state
     is ~6-9 GiB, and a process does not hand it back to the next configuration)."""
     import jax
     import numpy as np
 
-    from learner.mesh import shard_rows
     from models.tiny import QWEN2_5_0_5B
 
     batch = sft_batch(args.rows, args.seq, QWEN2_5_0_5B["vocab_size"])
     trainer = trainer_for(model_dir, precision, remat=remat, chunk_tokens=args.chunk_tokens)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(trainer.state.params))
     started = time.perf_counter()
-    with jax.set_mesh(trainer.mesh):
-        arrays = shard_rows(trainer.mesh, batch._asdict())
-        analysis = trainer._step("ce").lower(trainer.state, arrays, None).compile().memory_analysis()
+    analysis = compiled_memory(trainer, "sft", batch._asdict())
     floor = floor_bytes(n_params, precision, layers=args.layers, tokens=args.rows * args.seq,
                         hidden=QWEN2_5_0_5B["hidden_size"], vocab=QWEN2_5_0_5B["vocab_size"],
                         chunk_tokens=args.chunk_tokens)
