@@ -256,11 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps((jax_side if args.child == "jax" else torch_side)(args), default=float))
         return 0
+    from launch.bench import format_table
+
     results = measure(args)
-    for name, ours, base, unit in rows(results):
-        ratio = f"  {ours / base:.2f}x" if ours is not None and base else ""
-        print(f"{name:<90} {ours if ours is None else f'{ours:.4g}'} | {base if base is None else f'{base:.4g}'}"
-              f" {unit}{ratio}")
+    print(format_table(rows(results)))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=float))
     return 0
