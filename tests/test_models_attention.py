@@ -161,3 +161,19 @@ def test_blockwise_memory_grows_linearly_where_the_einsum_grows_quadratically():
     einsum = _temp_bytes("xla", 4096) / _temp_bytes("xla", 2048)
     assert blockwise <= 2.3, blockwise
     assert einsum >= 3.5, einsum
+
+
+@pytest.mark.parametrize("impl", ["pallas_gpu", "splash"])
+def test_kernels_on_a_mesh_run_per_shard_and_match_the_oracle(float32_case, impl):
+    """On an fsdp × tp mesh a Pallas kernel runs under shard_map (rows over fsdp, K/V heads over tp)."""
+    from models.jax_model import make_mesh
+
+    (q, k, v, cotangent), want, want_grads = float32_case
+    segments = jnp.asarray(SEGMENTS)
+    with jax.set_mesh(make_mesh(2, 2)):
+        step = jax.jit(jax.value_and_grad(
+            lambda q: jnp.sum(attention(q, k, v, segments, impl=impl, interpret=True) * cotangent)))
+        _, grad = step(q)
+        out = jax.jit(lambda q: attention(q, k, v, segments, impl=impl, interpret=True))(q)
+    np.testing.assert_allclose(np.asarray(out), want, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grads[0]), atol=1e-5)
