@@ -18,6 +18,6 @@ python3 -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__versi
 phase() { local name=$1 limit=$2; shift 2
           timeout "$limit" python3 "$@" --json "$OUT/$name.json" >> "$L" 2>&1
           echo "phase $name rc=$? at $(date +%T)" | tee -a "$L"; }
-phase attention 150 tests/benchmarks/bench_attention.py --lengths 1024 4096 16384
+phase attention 150 tests/benchmarks/bench_attention.py --lengths 1024 3000 16384
 phase learner 480 tests/benchmarks/bench_learner.py ${LEARNER_ARGS:-}
 grep -v "^\[" "$L" | grep -E "^(learner|xla|blockwise|pallas|splash|NVIDIA)" | cut -c1-200
