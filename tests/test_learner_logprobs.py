@@ -137,13 +137,20 @@ def test_float32_head_unembeds_the_bf16_bodys_hidden_states_in_float32(model, ba
 
     ids, mask = jnp.asarray(batch.input_ids), jnp.asarray(batch.attention_mask)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    bf16 = nnx.merge(graphdef, jax.tree.map(lambda x: x.astype(jnp.bfloat16), params), rest)
-    logps, _ = per_token_logprobs(bf16, ids, mask, chunk_tokens=4, float32_head=model)
-    hidden = np.asarray(forward_hidden(bf16, ids, mask)[:, :-1].astype(jnp.float32), np.float64)
-    logits = hidden @ np.asarray(model.lm_head.w[...], np.float64)
-    logp_all = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
-        - logits.max(-1, keepdims=True)
+
+    @jax.jit
+    def run(params):
+        bf16 = nnx.merge(graphdef, jax.tree.map(lambda x: x.astype(jnp.bfloat16), params), rest)
+        head = nnx.merge(graphdef, params, rest)
+        with_head = per_token_logprobs(bf16, ids, mask, chunk_tokens=4, float32_head=head)[0]
+        plain = per_token_logprobs(bf16, ids, mask, chunk_tokens=4)[0]
+        return with_head, plain, forward_hidden(bf16, ids, mask)[:, :-1].astype(jnp.float32)
+
+    logps, plain, hidden = run(params)
+    logits = np.asarray(hidden, np.float64) @ np.asarray(model.lm_head.w[...], np.float64)
+    top = logits.max(-1, keepdims=True)
+    logp_all = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
     want = np.take_along_axis(logp_all, np.asarray(ids)[:, 1:, None], axis=-1)[..., 0]
     np.testing.assert_allclose(np.asarray(logps), want, atol=1e-5)
-    plain, _ = per_token_logprobs(bf16, ids, mask, chunk_tokens=4)  # the bf16 head rounds the logits
+    # the bf16 head uses the bf16-rounded weights (these float32 weights are not bf16-exact)
     assert float(jnp.abs(plain - logps).max()) > 1e-4
