@@ -193,7 +193,9 @@ class TrainConfig(Section):
                                                          "memory grows with the square of the sequence")
     float32_logits: bool = Field(False, description="under mixed precision, unembed and log-softmax in "
                                                     "float32 (the float32 master head on the hidden states "
-                                                    "cast to float32) instead of the compute dtype")
+                                                    "cast to float32) instead of the compute dtype. Off: at "
+                                                    "Qwen2.5-0.5B's shape it left behaviour_gap unchanged "
+                                                    "(0.0704 both ways; docs/benchmarks.md)")
     skip_no_signal: bool = Field(True, description="rl: a step whose advantages are all zero makes no "
                                                    "optimizer update (AdamW's state untouched)")
     max_fill_batches: int = Field(4, ge=1, description="rl, algo.dynamic_sampling=fill: take at most this "
