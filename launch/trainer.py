@@ -16,5 +16,6 @@ def build_trainer(run: Run, *, temperature: float = 1.0) -> Trainer:
     return Trainer(loaded, mesh, config.optim, loss=config.algo, micro_batches=config.train.micro_batches,
                    micro_batch_tokens=config.train.micro_batch_tokens,
                    temperature=temperature, chunk_tokens=config.train.logits_chunk_tokens,
-                   compute_dtype=config.model.dtype, remat=config.train.remat, seed=config.seed,
+                   compute_dtype=config.model.dtype, remat=config.train.remat,
+                   attention=config.train.attention, float32_logits=config.train.float32_logits, seed=config.seed,
                    skip_no_signal=config.train.skip_no_signal)

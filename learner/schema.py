@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from learner.guard import GuardConfig
 from tandem_wire.weights.chunks import WEIGHT_CHUNK_BYTES
@@ -18,6 +18,10 @@ from tandem_wire.weights.chunks import WEIGHT_CHUNK_BYTES
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant"]
 DynamicSampling = Literal["off", "drop", "fill", "count"]
 Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
+# models.attention.IMPLEMENTATIONS and models.tunix_families.REMAT_POLICIES (tests keep them equal)
+AttentionImpl = Literal["auto", "xla", "blockwise", "pallas_gpu", "splash"]
+RematPolicy = Literal["none", "full", "save_matmuls"]
+REMAT_BOOL_WORDS = {"true": "full", "yes": "full", "on": "full", "false": "none", "no": "none", "off": "none"}
 
 # The built-in policy losses (learner.algo.policy_losses); algo.algorithm also takes "package.module:function".
 ALGORITHMS: tuple[str, ...] = ("grpo", "gspo", "gspo-token", "cispo", "decoupled_ppo")
@@ -282,9 +286,22 @@ class TrainConfig(Section):
                                                              "by the learner: its logits memory is a few "
                                                              "copies of this × vocab in fp32, whatever the "
                                                              "batch")
-    remat: bool = Field(False, description="recompute each decoder layer's activations in the backward pass "
-                                           "(gradient checkpointing): activation memory of one layer plus "
-                                           "the layer inputs, for ~1/3 more compute")
+    remat: RematPolicy = Field("save_matmuls", description="what the backward pass recomputes of each decoder "
+                                                           "layer (MaxText's remat_policy): none (keep every "
+                                                           "activation), full (keep the layer input, recompute "
+                                                           "the layer: ~1/3 more compute), save_matmuls (keep the "
+                                                           "weight matmuls' outputs, recompute norms, rope, "
+                                                           "attention and activations; MaxText's 'minimal'). "
+                                                           "true/false mean full/none. Costs: docs/benchmarks.md")
+    attention: AttentionImpl = Field("auto", description="attention kernel (models.attention): auto picks "
+                                                         "pallas_gpu on GPUs, splash on TPUs, blockwise "
+                                                         "elsewhere; xla is the einsum reference, whose "
+                                                         "memory grows with the square of the sequence")
+    float32_logits: bool = Field(False, description="under mixed precision, unembed and log-softmax in "
+                                                    "float32 (the float32 master head on the hidden states "
+                                                    "cast to float32) instead of the compute dtype. Off: at "
+                                                    "Qwen2.5-0.5B's shape it left behaviour_gap unchanged "
+                                                    "(0.0704 both ways; docs/benchmarks.md)")
     skip_no_signal: bool = Field(True, description="rl: a step whose advantages are all zero makes no "
                                                    "optimizer update (AdamW's state untouched)")
     max_fill_batches: int = Field(4, ge=1, description="rl, algo.dynamic_sampling=fill: take at most this "
@@ -296,6 +313,14 @@ class TrainConfig(Section):
         if self.handoff is not None and not self.eval_every:
             raise ValueError("train.handoff chooses among evaluated steps: set train.eval_every too")
         return self
+
+    @field_validator("remat", mode="before")
+    @classmethod
+    def _remat_from_bool(cls, value: object) -> object:
+        """The former boolean key keeps working: true = full, false = none (YAML 1.1's words too)."""
+        if isinstance(value, str) and value.lower() in REMAT_BOOL_WORDS:
+            return REMAT_BOOL_WORDS[value.lower()]
+        return ("full" if value else "none") if isinstance(value, bool) else value
 
 
 @dataclasses.dataclass(frozen=True)

@@ -125,20 +125,17 @@ def load_model(hf_dir: Path, *, mesh: jax.sharding.Mesh | None = None,
     return LoadedModel(model=model, family=family, hf_config=hf_config, config=config)
 
 
-def positions_and_mask(attention_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Positions [B, T] = cumsum(mask) - 1 clipped at 0, and the [B, T, T] attention mask
-    causal AND key-not-pad (so both left and right padding work)."""
+def positions_and_segments(attention_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Positions [B, T] = cumsum(mask) - 1 clipped at 0, and segment ids [B, T]: 1 on the row's tokens,
+    0 on its padding (one sequence per row, left or right padded; models.attention's contract)."""
     mask = attention_mask.astype(bool)
     positions = jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
-    t = mask.shape[-1]
-    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-    return positions, causal[None, :, :] & mask[:, None, :]
+    return positions, mask.astype(jnp.int32)
 
 
 def forward_hidden(model: nnx.Module, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
-    """Final-normed hidden states [B, T, D]; `unembed(model, h)` turns them into logits."""
-    positions, mask = positions_and_mask(attention_mask)
-    return model.hidden_states(input_ids, positions, mask)
+    """Final-normed hidden states [B, T, D] of padded rows; `unembed(model, h)` turns them into logits."""
+    return model.hidden_states(input_ids, *positions_and_segments(attention_mask))
 
 
 def unembed(model: nnx.Module, hidden: jax.Array) -> jax.Array:

@@ -135,6 +135,9 @@ def make_tiny_model(out_dir: Path, *, family: str = "qwen2", alphabet: str = DEF
 # the 151,936-token vocabulary, tied embeddings (~494M parameters).
 QWEN2_5_0_5B = dict(num_layers=24, hidden_size=896, intermediate_size=4864, num_heads=14, num_kv_heads=2,
                     head_dim=64, vocab_size=151_936, tie_word_embeddings=True, max_position_embeddings=32_768)
+# Qwen2.5-1.5B's: 28 layers, width 1536, MLP 8960, 12 query heads × 128, 2 KV heads, tied (~1.54B parameters).
+QWEN2_5_1_5B = dict(num_layers=28, hidden_size=1536, intermediate_size=8960, num_heads=12, num_kv_heads=2,
+                    head_dim=128, vocab_size=151_936, tie_word_embeddings=True, max_position_embeddings=32_768)
 
 
 def make_chatml_model(out_dir: Path, *, dtype: str = "bfloat16", seed: int = 0, **shape: Any) -> Path:
@@ -144,7 +147,7 @@ def make_chatml_model(out_dir: Path, *, dtype: str = "bfloat16", seed: int = 0, 
     like to every loader, without a download."""
     import ml_dtypes
 
-    dims = {**QWEN2_5_0_5B, **shape}
+    dims = {**QWEN2_5_0_5B, **shape}  # e.g. **QWEN2_5_1_5B for that model's shape
     out_dir = Path(out_dir)
     config = tiny_hf_config(family="qwen2", **dims, special_ids=(CHATML_PAD_ID, IM_END_ID, CHATML_PAD_ID))
     config["torch_dtype"] = dtype

@@ -3,6 +3,10 @@
 The classes subclass tunix's and change only what is needed for HF-exact numerics and sharding:
 - every family gains `hidden_states` (final-normed, before the output projection) and `unembed`,
   so logprobs can be computed in chunks without materialising [B, T, V] logits;
+- `hidden_states` runs its own decoder-layer forward on tunix's submodules (norms, q/k/v/o
+  projections, MLP), taking segment ids instead of a dense [B, T, T] mask, with the attention
+  implementation of `models.attention` (linear memory in T) and a remat policy per layer, both chosen
+  by the trainer; tunix's own `__call__` (its einsum attention) is left as it is;
 - Llama3 and Qwen3 attention call tunix's `apply_rope` without the config's theta (it always uses
   1e6) and know no rope scaling: here the rope frequencies come from the HF config (theta, Llama 3
   scaling) for the duration of each forward pass (see `_config_rope`);
@@ -32,6 +36,7 @@ from tunix.models.qwen2 import params as qwen2_params
 from tunix.models.qwen3 import model as qwen3_lib
 from tunix.models.qwen3 import params as qwen3_params
 
+from models.attention import attention
 from models.families import check_supported, family_of, head_dim_of, is_tied, kv_heads_of, rope_settings
 
 # ---------------------------------------------------------------------------------------------
@@ -75,6 +80,20 @@ def _config_rope(inv_freq: tuple[float, ...]) -> Iterator[None]:
         _ROPE_INV_FREQ.reset(token)
 
 
+def config_rope_tables(positions: jax.Array, inv_freq: tuple[float, ...]) -> tuple[jax.Array, jax.Array]:
+    """sin, cos [B, T, head_dim/2] float32 of positions × the config's inverse frequencies."""
+    angles = positions[..., None].astype(jnp.float32) * jnp.asarray(inv_freq, jnp.float32)
+    return jnp.sin(angles), jnp.cos(angles)
+
+
+def rotate(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
+    """Rope on x [B, T, heads, head_dim] with sin, cos [B, T, head_dim/2] already in x's dtype (the
+    half-split rotation of tunix's and transformers' Qwen/Llama)."""
+    first, second = jnp.split(x, 2, axis=-1)
+    sin, cos = sin[:, :, None, :], cos[:, :, None, :]
+    return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+
+
 def _rope_honouring_config(tunix_apply_rope: Callable) -> Callable:
     """Wrap tunix's module-level `apply_rope` (same signature) to use the active config frequencies.
 
@@ -89,12 +108,8 @@ def _rope_honouring_config(tunix_apply_rope: Callable) -> Callable:
         inv_freq = _ROPE_INV_FREQ.get()
         if inv_freq is None:
             return tunix_apply_rope(inputs, positions, head_dim, rope_theta)
-        angles = positions[..., None].astype(jnp.float32) * jnp.asarray(inv_freq, jnp.float32)
-        # [B, T, 1, head_dim/2], cast like transformers does before rotating.
-        sin = jnp.sin(angles)[..., None, :].astype(inputs.dtype)
-        cos = jnp.cos(angles)[..., None, :].astype(inputs.dtype)
-        first, second = jnp.split(inputs, 2, axis=-1)
-        return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+        sin, cos = config_rope_tables(positions, inv_freq)
+        return rotate(inputs, sin.astype(inputs.dtype), cos.astype(inputs.dtype))  # cast as transformers does
 
     apply_rope.tandem_wrapped = tunix_apply_rope  # marks the patch as installed
     return apply_rope
@@ -163,34 +178,76 @@ def tunix_config(hf_config: dict[str, Any]) -> Any:
 # Models
 
 
-def _layer_runner(remat: bool) -> Callable:
-    """Calls `layer(*args)`; with `remat`, under nnx.remat, so the backward pass recomputes the
-    layer's activations instead of keeping them (per-layer gradient checkpointing)."""
-    def call(layer: nnx.Module, *args: Any) -> Any:
-        return layer(*args)
+# Per-layer gradient checkpointing (MaxText's remat_policy; "save_matmuls" is its "minimal"): what the
+# forward pass keeps of each decoder layer for the backward pass.
+REMAT_POLICIES: dict[str, Callable | None] = {
+    "none": None,  # keep every activation: no recompute, the most memory
+    "full": jax.checkpoint_policies.nothing_saveable,  # keep the layer's input; recompute the whole layer
+    # keep the outputs of the weight matmuls (q/k/v/o, gate/up/down: dots without batch dimensions);
+    # recompute norms, rope, attention and activations
+    "save_matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
-    return nnx.remat(call) if remat else call
+
+def _layer_runner(layer_fn: Callable, policy: str) -> Callable:
+    """`layer_fn`, under nnx.remat with the named policy unless it is "none"."""
+    if policy not in REMAT_POLICIES:
+        raise ValueError(f"remat policy must be one of {tuple(REMAT_POLICIES)}, got {policy!r}")
+    return layer_fn if policy == "none" else nnx.remat(layer_fn, policy=REMAT_POLICIES[policy])
 
 
 class _HiddenAndUnembed:
     """`hidden_states` + `unembed`, the two halves of tunix's `__call__` (mixin for the families).
 
-    `remat_layers` (a static attribute the trainer sets) turns on per-layer gradient checkpointing.
+    `hidden_states` runs the decoder layers itself, calling tunix's submodules, so that attention is
+    `models.attention.attention` over segment ids. Static attributes the trainer sets (part of the graph
+    definition): `attention_impl` (models.attention.IMPLEMENTATIONS) and `remat_policy` (REMAT_POLICIES).
     """
 
     embedder: Any
     layers: Any
     final_norm: Any
-    remat_layers: bool = False
+    attention_impl: str = "auto"
+    remat_policy: str = "none"
+    _lib: Any  # the tunix module of the family (its `shard`)
 
-    def _run_layers(self, x: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
+    def _rope_tables(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """sin, cos [B, T, head_dim/2] float32 of the family's rope."""
         raise NotImplementedError
 
-    def hidden_states(self, input_tokens: jax.Array, positions: jax.Array,
-                      attention_mask: jax.Array) -> jax.Array:
-        """Final-normed hidden states [B, T, D] (tunix's `__call__` up to the output projection)."""
+    @classmethod
+    def _project_qkv(cls, attn: nnx.Module, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """q [B, T, Hq, D], k, v [B, T, Hkv, D] from the normed input (Llama3: the projections alone)."""
+        return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+
+    @classmethod
+    def _decoder_layer(cls, layer: nnx.Module, x: jax.Array, sin: jax.Array, cos: jax.Array,
+                       segment_ids: jax.Array, *, impl: str) -> jax.Array:
+        """tunix's DecoderLayer.__call__ with its attention block's math, attention by `impl`:
+        h = x + o_proj(attention(rope(q), rope(k), v)) of input_layernorm(x); h + mlp(post_norm(h))."""
+        attn, shard = layer.attn, cls._lib.shard
+        q, k, v = (shard(t, attn.shd_config.act_btnh) for t in cls._project_qkv(attn, layer.input_layernorm(x)))
+        out = attention(rotate(q, sin, cos), rotate(k, sin, cos), v, segment_ids, impl=impl)
+        h = x + shard(attn.o_proj(out), attn.shd_config.act_btd)
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def hidden_states(self, input_tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        """Final-normed hidden states [B, T, D] (tunix's `__call__` up to the output projection).
+
+        positions [B, T]: rope positions (restarting per packed sequence); segment_ids [B, T]: the
+        sequences, 0 for padding (models.attention's contract: causal within each run).
+        """
         x = self.embedder.encode(input_tokens)
-        return self.final_norm(self._run_layers(x, positions, attention_mask))
+        sin, cos = (t.astype(x.dtype) for t in self._rope_tables(positions))
+        decoder_layer, impl = type(self)._decoder_layer, self.attention_impl
+
+        def layer_fn(layer: nnx.Module, x: jax.Array, sin: jax.Array, cos: jax.Array, segment_ids: jax.Array):
+            return decoder_layer(layer, x, sin, cos, segment_ids, impl=impl)  # nnx.remat takes no keywords
+
+        run = _layer_runner(layer_fn, self.remat_policy)
+        for layer in self.layers:
+            x = run(layer, x, sin, cos, segment_ids)
+        return self.final_norm(x)
 
     @property
     def tied(self) -> bool:
@@ -204,30 +261,30 @@ class _HiddenAndUnembed:
 
 
 class Qwen2(_HiddenAndUnembed, qwen2_lib.Qwen2, pytree=False):
-    """tunix Qwen2 (its rope and tied embeddings already follow the config)."""
+    """tunix Qwen2 (its rope and tied embeddings already follow the config); q/k/v carry biases."""
+
+    _lib = qwen2_lib
 
     @property
     def tied(self) -> bool:
         return self.config.use_tied_embedding
 
-    def _run_layers(self, x: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
-        sin, cos = qwen2_lib._generate_pos_embeddings(positions, self.config.head_dim, self.config.rope_theta)
-        sin, cos = sin.astype(x.dtype), cos.astype(x.dtype)
-        run = _layer_runner(self.remat_layers)
-        for layer in self.layers:
-            _, x = run(layer, x, None, attention_mask, sin, cos)
-        return x
+    def _rope_tables(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return qwen2_lib._generate_pos_embeddings(positions, self.config.head_dim, self.config.rope_theta)
+
+    @classmethod
+    def _project_qkv(cls, attn: nnx.Module, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        biases = (attn.q_bias[...], attn.k_bias[...], attn.v_bias[...])
+        return tuple(t + b.reshape(t.shape[-2:]) for t, b in zip((q, k, v), biases, strict=True))
 
 
-class _ConfigRopeLayers(_HiddenAndUnembed):
-    """Llama3/Qwen3 layer loop (rope applied inside attention) under the config's frequencies."""
+class _ConfigRope(_HiddenAndUnembed):
+    """Llama3/Qwen3: rope frequencies from the HF config (theta, Llama 3 scaling), in our layers and,
+    through the patched `apply_rope`, in tunix's own `__call__`."""
 
-    def _run_layers(self, x: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
-        run = _layer_runner(self.remat_layers)
-        with _config_rope(self.config.rope_inv_freq):
-            for layer in self.layers:
-                _, x = run(layer, x, positions, None, attention_mask)
-        return x
+    def _rope_tables(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return config_rope_tables(positions, self.config.rope_inv_freq)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with _config_rope(self.config.rope_inv_freq):
@@ -244,8 +301,10 @@ class _TiedHead(nnx.Module, pytree=False):
         return self.embedder.decode(x)
 
 
-class Qwen3(_ConfigRopeLayers, qwen3_lib.Qwen3, pytree=False):
-    """tunix Qwen3 with config rope and optional tied embeddings."""
+class Qwen3(_ConfigRope, qwen3_lib.Qwen3, pytree=False):
+    """tunix Qwen3 with config rope and optional tied embeddings; q and k are RMS-normed per head."""
+
+    _lib = qwen3_lib
 
     def __init__(self, config: Qwen3Config, *, rngs: nnx.Rngs,
                  shd_config: qwen3_lib.ShardingConfig | None = None):
@@ -257,9 +316,15 @@ class Qwen3(_ConfigRopeLayers, qwen3_lib.Qwen3, pytree=False):
     def tied(self) -> bool:
         return self.config.use_tied_embedding
 
+    @classmethod
+    def _project_qkv(cls, attn: nnx.Module, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        return attn.q_norm(attn.q_proj(x)), attn.k_norm(attn.k_proj(x)), attn.v_proj(x)
 
-class Llama3(_ConfigRopeLayers, llama3_lib.Llama3, pytree=False):
+
+class Llama3(_ConfigRope, llama3_lib.Llama3, pytree=False):
     """tunix Llama3 with config rope (theta and Llama 3 scaling)."""
+
+    _lib = llama3_lib
 
     @property
     def tied(self) -> bool:

@@ -67,7 +67,8 @@ def ray_head():
 # processes) share one worker, one after another: with modules spread freely, Ray's memory monitor
 # killed the real-shape test's engine (22.5 of 23.5 GiB in use). That group goes first, in this order:
 # it is about half of the suite's time.
-MEMORY_HEAVY = ("test_demo_rl_learns", "test_real_shape", "test_multihost", "test_bench_smoke")
+MEMORY_HEAVY = ("test_demo_rl_learns", "test_real_shape", "test_multihost", "test_bench_smoke",
+                "test_learner_long_sequences")
 
 
 def _rank(module: str) -> int:

@@ -100,8 +100,32 @@ def test_real_shape_rows_put_each_precisions_step_memory_beside_its_floor():
     floor = bench_real_shape.floor_bytes(1000, "mixed", layers=2, tokens=10, hidden=4, vocab=50, chunk_tokens=8)
     assert floor == 4 * 1000 * 4 + 1000 * 2 + 2 * 10 * 4 * 2 + 8 * 50 * 4  # master+grads+m+v, copy, acts, chunk
     real = {"sizes": {"layers": 24, "rows": 8, "seq": 256, "speed_layers": 2},
-            "memory": {"mixed, remat": {"step_bytes": 9 * gib, "floor_bytes": 6 * gib}},
+            "memory": {"mixed, remat full": {"step_bytes": 9 * gib, "floor_bytes": 6 * gib}},
             "speed": {"mixed": {"tokens_per_s": 90.0}, "float32": {"tokens_per_s": 60.0}}}
     rows = {name: (ours, base) for name, ours, base, _ in bench.table({"real": real})}
-    assert rows["learner: step memory at Qwen2.5-0.5B shape (24 layers, 8x256), mixed, remat vs floor"] == (9, 6)
+    assert rows["learner: step memory at Qwen2.5-0.5B shape (24 layers, 8x256), mixed, remat full vs floor"] == (9, 6)
     assert rows["learner: SFT step tok/s at real widths (2 layers), mixed vs float32"] == (90.0, 60.0)
+
+
+def test_learner_section_runs_both_sides_and_fills_its_rows():
+    """launch/bench.py --only learner at a smoke size: the Trainer's SFT and RL steps and the transformers
+    step, each in a child process, at Qwen2.5-0.5B's widths with 1 layer; every row is filled."""
+    import bench_learner
+
+    results = bench_learner.measure(bench_learner.parse_args(
+        ["--shapes", "0.5b", "--layers", "1", "--rows", "2", "--seq", "32", "--steps", "1"]))
+    jax_side, torch_side = results["shapes"]["0.5b"]["jax"], results["shapes"]["0.5b"]["torch"]
+    assert "error" not in jax_side and "error" not in torch_side, (jax_side, torch_side)
+    assert set(jax_side["kinds"]) == {"sft", "rl"} and jax_side["remat"] == "save_matmuls"
+    assert jax_side["attention"] == "auto" and jax_side["matmul_tflops"] > 0
+    for row in jax_side["kinds"].values():
+        assert row["tokens_per_s"] > 0 and row["xla_bytes"] > row["floor_bytes"] > 0
+        assert all(abs(loss) < 100 for loss in row["loss"])  # finite
+    rows = bench.table({"learner": results})
+    assert len(rows) == 2 * 4 + 1
+    by_name = {name: (ours, base) for name, ours, base, _ in rows}
+    sft = by_name["learner: Qwen2.5-0.5B shape, 2x32, sft: tok/s, tandem vs transformers"]
+    assert sft == (jax_side["kinds"]["sft"]["tokens_per_s"], torch_side["tokens_per_s"])
+    ours, theirs = by_name["learner: Qwen2.5-0.5B shape, 2x32, sft: MFU against the measured matmul ceiling, "
+                           "tandem vs transformers"]
+    assert ours / theirs == pytest.approx(sft[0] / sft[1])  # the same FLOPs count on both sides

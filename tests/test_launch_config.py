@@ -30,6 +30,19 @@ def test_words_that_yaml_1_1_reads_as_booleans_stay_words(tmp_path):
     assert config.algo.dynamic_sampling == "off" and config.train.skip_no_signal is False  # a bool field: pydantic
 
 
+def test_remat_is_a_policy_and_the_former_booleans_still_load(tmp_path):
+    for value, policy in (("true", "full"), ("false", "none"), ("save_matmuls", "save_matmuls"), ("none", "none")):
+        assert load_config(None, [f"train.remat={value}"]).train.remat == policy
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  remat: yes\n  attention: splash\n  float32_logits: true\n")
+    train = load_config(path).train
+    assert (train.remat, train.attention, train.float32_logits) == ("full", "splash", True)
+    with pytest.raises(ConfigError, match="'none', 'full' or 'save_matmuls'"):
+        load_config(None, ["train.remat=everything"])
+    with pytest.raises(ConfigError, match="'train.attention'"):
+        load_config(None, ["train.attention=cudnn"])
+
+
 def test_unknown_key_is_named():
     with pytest.raises(ConfigError, match=r"unknown key 'train.stepz'"):
         load_config(None, ["train.stepz=3"])

@@ -128,3 +128,29 @@ def test_bad_arguments(model, batch):
         per_token_logprobs(model, ids, mask, temperature=0.0)
     with pytest.raises(ValueError, match="chunk_tokens"):
         per_token_logprobs(model, ids, mask, chunk_tokens=0)
+
+
+def test_float32_head_unembeds_the_bf16_bodys_hidden_states_in_float32(model, batch):
+    """train.float32_logits: the bf16 model's hidden states, cast to float32, through the float32 head;
+    oracle: float64 numpy log-softmax of those hidden states times the float32 head."""
+    from models.jax_model import forward_hidden
+
+    ids, mask = jnp.asarray(batch.input_ids), jnp.asarray(batch.attention_mask)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    @jax.jit
+    def run(params):
+        bf16 = nnx.merge(graphdef, jax.tree.map(lambda x: x.astype(jnp.bfloat16), params), rest)
+        head = nnx.merge(graphdef, params, rest)
+        with_head = per_token_logprobs(bf16, ids, mask, chunk_tokens=4, float32_head=head)[0]
+        plain = per_token_logprobs(bf16, ids, mask, chunk_tokens=4)[0]
+        return with_head, plain, forward_hidden(bf16, ids, mask)[:, :-1].astype(jnp.float32)
+
+    logps, plain, hidden = run(params)
+    logits = np.asarray(hidden, np.float64) @ np.asarray(model.lm_head.w[...], np.float64)
+    top = logits.max(-1, keepdims=True)
+    logp_all = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+    want = np.take_along_axis(logp_all, np.asarray(ids)[:, 1:, None], axis=-1)[..., 0]
+    np.testing.assert_allclose(np.asarray(logps), want, atol=1e-5)
+    # the bf16 head uses the bf16-rounded weights (these float32 weights are not bf16-exact)
+    assert float(jnp.abs(plain - logps).max()) > 1e-4

@@ -123,3 +123,28 @@ def test_prompt_targets_carry_no_loss_and_no_gradient(hf_dir, tokenizer, mesh):
     # the same change on completion targets does move the loss (the test can fail)
     assert abs(float(loss_and_grad(scrambled_answer)[0]) - float(base_loss)) > 1e-3
 
+
+
+def test_float32_logits_step_unembeds_with_the_float32_master_head(hf_dir, tokenizer, mesh):
+    """train.float32_logits under mixed precision: the step's loss is the bf16 body's hidden states through
+    the float32 master head (the tiny model's float32 weights are not bf16-exact, so the bf16 head's
+    loss differs)."""
+    from learner.algo.train_step import cast_floating
+    from learner.data import TokenBatch
+
+    batch, _ = _packed_row(tokenizer)
+    graphdef, params, rest = nnx.split(load_model(hf_dir, mesh=mesh).model, nnx.Param, ...)
+    norm = normalizer_for(batch["loss_mask"][:, 1:])
+
+    def oracle(params, float32_head: bool):
+        model = nnx.merge(graphdef, cast_floating(params, jnp.bfloat16), rest)
+        head = nnx.merge(graphdef, params, rest) if float32_head else None
+        return masked_cross_entropy(model, batch, batch["input_ids"][:, 1:], norm, 16, float32_head=head)[0]
+
+    with jax.set_mesh(mesh):
+        want, plain = (float(jax.jit(oracle, static_argnums=1)(params, flag)) for flag in (True, False))
+    host = TokenBatch(**{k: np.asarray(v) for k, v in batch.items()})
+    for flag, expected in ((True, want), (False, plain)):
+        trainer = _trainer(hf_dir, mesh, compute_dtype="bfloat16", float32_logits=flag, chunk_tokens=16)
+        assert trainer.sft_step(host)["loss"] == pytest.approx(expected, abs=1e-6), flag
+    assert abs(want - plain) > 1e-5

@@ -11,6 +11,7 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+from models.attention import segment_mask
 from models.families import hf_param_shapes
 from models.jax_model import (
     export_hf_tensors,
@@ -18,7 +19,7 @@ from models.jax_model import (
     forward_logits,
     load_model,
     make_mesh,
-    positions_and_mask,
+    positions_and_segments,
     save_hf_dir,
     unembed,
 )
@@ -70,12 +71,16 @@ def test_logits_match_transformers(tiny_dirs, family, tied):
 
 @pytest.mark.parametrize("family", ["qwen2", "llama3"])
 def test_hidden_unembed_split_equals_tunix_call(tiny_dirs, family):
+    """Our decoder-layer forward (segment ids, blockwise attention by default on CPU) against tunix's own
+    `__call__` (its einsum attention under the dense mask): the same logits on every real token."""
     model = load_model(tiny_dirs[family, False]).model
-    positions, mask = positions_and_mask(jnp.asarray(MASK))
-    tunix_logits, _ = model(jnp.asarray(IDS), positions, None, mask)  # tunix's own __call__
+    positions, segments = positions_and_segments(jnp.asarray(MASK))
+    tunix_logits, _ = model(jnp.asarray(IDS), positions, None, segment_mask(segments))  # tunix's own __call__
     hidden = forward_hidden(model, IDS, MASK)
-    np.testing.assert_allclose(unembed(model, hidden), tunix_logits, atol=1e-6)
-    np.testing.assert_allclose(unembed(model, hidden[:, 3:7]), tunix_logits[:, 3:7], atol=1e-6)
+    real = MASK.astype(bool)
+    np.testing.assert_allclose(np.asarray(unembed(model, hidden))[real], np.asarray(tunix_logits)[real], atol=1e-6)
+    np.testing.assert_allclose(np.asarray(unembed(model, hidden[:, 3:7]))[real[:, 3:7]],
+                               np.asarray(tunix_logits)[:, 3:7][real[:, 3:7]], atol=1e-6)
 
 
 def test_padding_side_does_not_change_real_token_logits(tiny_dirs):
@@ -192,3 +197,56 @@ def test_large_exports_are_sharded_with_an_index_and_stale_shards_removed(tiny_d
     assert sorted(p.name for p in out.glob("*.safetensors")) == ["model.safetensors"]
     assert not (out / "model.safetensors.index.json").exists()
     assert not [p for p in out.iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama3"])
+def test_blockwise_attention_gives_the_einsum_models_logits_and_gradients(tiny_dirs, family):
+    graphdef, params, rest = nnx.split(load_model(tiny_dirs[family, True]).model, nnx.Param, ...)
+    real = jnp.asarray(MASK.astype(bool))[..., None]
+    weights = jax.random.normal(jax.random.key(0), (*IDS.shape, 48))  # the tiny vocabulary
+
+    def loss(p, impl):
+        model = nnx.merge(graphdef, p, rest)
+        model.attention_impl = impl
+        logits = forward_logits(model, IDS, MASK)
+        return jnp.sum(jnp.where(real, logits, 0) * weights), logits
+
+    (_, blockwise), grads = jax.value_and_grad(loss, has_aux=True)(params, "blockwise")
+    (_, einsum), reference = jax.value_and_grad(loss, has_aux=True)(params, "xla")
+    np.testing.assert_allclose(np.asarray(blockwise)[MASK.astype(bool)], np.asarray(einsum)[MASK.astype(bool)],
+                               atol=1e-5)
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(reference), strict=True):
+        # float32 rounding of gradients up to ~30 (weights summed over every position): 1e-5 of the largest
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5 * float(jnp.abs(want).max()))
+
+
+@pytest.mark.parametrize("impl", ["blockwise", "xla"])
+def test_a_packed_row_gives_each_sequence_its_own_hidden_states(tiny_dirs, impl):
+    """Two sequences in one row (positions restarting, segment ids 1 and 2, padding after) against each
+    run alone: attention never crosses a segment, whatever the implementation."""
+    model = load_model(tiny_dirs["qwen3", False]).model
+    model.attention_impl = impl
+    first, second = IDS[0], IDS[1, :8]
+    packed = np.concatenate([first, second, [0, 0]])[None]
+    positions = np.concatenate([np.arange(10), np.arange(8), [0, 0]])[None]
+    segments = np.asarray([[1] * 10 + [2] * 8 + [0, 0]])
+    hidden = np.asarray(model.hidden_states(jnp.asarray(packed), jnp.asarray(positions), jnp.asarray(segments)))[0]
+    for sequence, span in ((first, slice(0, 10)), (second, slice(10, 18))):
+        alone = np.asarray(forward_hidden(model, sequence[None], np.ones((1, len(sequence)), np.int32)))[0]
+        np.testing.assert_allclose(hidden[span], alone, atol=1e-5)
+
+
+def test_every_remat_policy_gives_the_same_gradients(tiny_dirs):
+    """Remat changes what the backward pass keeps, not what it computes."""
+    graphdef, params, rest = nnx.split(load_model(tiny_dirs["qwen2", False]).model, nnx.Param, ...)
+
+    def loss(p, policy):
+        model = nnx.merge(graphdef, p, rest)
+        model.remat_policy = policy
+        return jnp.sum(forward_logits(model, IDS, MASK)[MASK.astype(bool)] ** 2)
+
+    reference = jax.grad(loss)(params, "none")
+    for policy in ("full", "save_matmuls"):
+        grads = jax.tree.leaves(jax.grad(loss)(params, policy))
+        for got, want in zip(grads, jax.tree.leaves(reference), strict=True):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6 * float(jnp.abs(want).max()))

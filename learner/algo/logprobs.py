@@ -95,13 +95,25 @@ def per_token_logprobs(
     *,
     temperature: float = 1.0,
     chunk_tokens: int | None = 2048,
+    float32_head=None,
 ) -> tuple[jax.Array, jax.Array]:
     """Log-probability of token t+1 given tokens ≤ t, and the entropy at t, both [B, T−1] fp32.
 
     Logits are divided by `temperature` before the log-softmax, so the values match vLLM's
     processed logprobs (log_softmax(logits / T)) that the actors sampled with. Entries at padding
     positions are meaningless; mask them. chunk_tokens=None computes all positions at once.
+    float32_head: a float32 copy of the model whose `unembed` makes the logits from the hidden states
+    cast to float32 (train.float32_logits); None: the model's own head, in its dtype.
     """
     hidden = forward_hidden(model, input_ids, attention_mask)[:, :-1]  # [B, T-1, D]
+    head, hidden = head_and_hidden(model, hidden, float32_head)
     targets = input_ids[:, 1:]
-    return logprobs_from_hidden(model, hidden, targets, temperature=temperature, chunk_tokens=chunk_tokens)
+    return logprobs_from_hidden(head, hidden, targets, temperature=temperature, chunk_tokens=chunk_tokens)
+
+
+def head_and_hidden(model, hidden: jax.Array, float32_head) -> tuple:
+    """(the module that unembeds, the hidden states it takes): `model` and `hidden` as they are, or the
+    float32 head and the hidden states cast to float32."""
+    if float32_head is None:
+        return model, hidden
+    return float32_head, hidden.astype(jnp.float32)

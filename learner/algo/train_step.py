@@ -25,6 +25,7 @@ same-segment, and positions restart per sequence (learner.data, learner.algo.rl_
 from __future__ import annotations
 
 import functools
+import logging
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -35,7 +36,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from learner.algo.logprobs import logprobs_from_hidden
+from learner.algo.logprobs import head_and_hidden, logprobs_from_hidden
 from learner.algo.losses import LossConfig, Normalizer, normalizer_for, rl_loss
 from learner.algo.optim import OptimizerConfig, make_optimizer, make_schedule
 from learner.algo.policy_losses import resolve_policy_loss
@@ -45,7 +46,10 @@ from learner.algo.train_state import TrainState, init_train_state
 from learner.data import TokenBatch
 from learner.mesh import BATCH_AXIS, is_leader, row_sharding, shard_rows
 from learner.metrics import Throughput, to_host
+from models.attention import describe
 from models.jax_model import DTYPES, LoadedModel, export_hf_tensors, save_hf_dir
+
+log = logging.getLogger(__name__)
 
 Batch = dict[str, jax.Array]
 SKIPPED: dict[str, float] = {"update_skipped": 1.0}  # the metrics of a step that made no update
@@ -65,11 +69,7 @@ def cast_floating(tree: nnx.State, dtype: jnp.dtype) -> nnx.State:
 def packed_hidden(model: nnx.Module, input_ids: jax.Array, segment_ids: jax.Array,
                   positions: jax.Array) -> jax.Array:
     """Final-normed hidden states of packed rows: causal attention within each segment only."""
-    t = input_ids.shape[1]
-    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    mask = causal[None] & same & (segment_ids[:, None, :] > 0)
-    return model.hidden_states(input_ids, positions, mask)
+    return model.hidden_states(input_ids, positions, segment_ids)
 
 
 @jax.jit
@@ -108,7 +108,12 @@ class Trainer:
         memory is a few copies of chunk_tokens × V fp32, whatever the batch (learner.algo.logprobs).
       compute_dtype: dtype the steps compute in ("bfloat16" or "float32"); None: the loaded params'.
         Exports default to it. The state's params keep the loaded dtype (the master weights).
-      remat: recompute each decoder layer in the backward pass (gradient checkpointing).
+      remat: remat policy per decoder layer (models.tunix_families.REMAT_POLICIES: none, full,
+        save_matmuls).
+      attention: attention implementation (models.attention.IMPLEMENTATIONS; auto picks by backend).
+      float32_logits: with a compute dtype, unembed and log-softmax in float32 on the float32 master
+        head (the hidden states cast to float32), not in the compute dtype. The KL reference keeps the
+        compute dtype.
       seed: the state's rng key.
       skip_no_signal: skip rl steps whose advantages are all zero (with β > 0 the KL term alone would
         still move the policy toward the reference; such steps are skipped too).
@@ -116,9 +121,9 @@ class Trainer:
 
     def __init__(self, loaded: LoadedModel, mesh: jax.sharding.Mesh, optimizer: OptimizerConfig, *,
                  loss: LossConfig | None = None, micro_batches: int = 1, micro_batch_tokens: int | None = None,
-                 temperature: float = 1.0,
-                 chunk_tokens: int | None = 2048, compute_dtype: str | None = None, remat: bool = False,
-                 seed: int = 0, skip_no_signal: bool = True):
+                 temperature: float = 1.0, chunk_tokens: int | None = 2048, compute_dtype: str | None = None,
+                 remat: str = "none", attention: str = "auto", float32_logits: bool = False, seed: int = 0,
+                 skip_no_signal: bool = True):
         if micro_batches < 1:
             raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
         self.loaded, self.mesh = loaded, mesh
@@ -127,7 +132,11 @@ class Trainer:
         self.micro_batch_tokens = micro_batch_tokens
         self.skip_no_signal = skip_no_signal
         self.compute_dtype = compute_dtype
-        loaded.model.remat_layers = remat  # a static attribute: part of the graph definition
+        self.float32_logits = float32_logits and compute_dtype not in (None, "float32")
+        # static attributes: part of the graph definition
+        loaded.model.remat_policy, loaded.model.attention_impl = remat, attention
+        log.info("%s; remat %s; logits in %s", describe(attention), remat,
+                 "float32" if self.float32_logits else compute_dtype or "the params' dtype")
         self._graphdef, params, self._rest = nnx.split(loaded.model, nnx.Param, ...)
         self._tx = make_optimizer(optimizer)
         self._schedule = make_schedule(optimizer)
@@ -290,17 +299,23 @@ class Trainer:
             params = cast_floating(params, DTYPES[self.compute_dtype])
         return nnx.merge(self._graphdef, params, self._rest)
 
+    def _float32_head(self, params: nnx.State) -> nnx.Module | None:
+        """The model on the float32 master `params`, whose head unembeds under float32_logits; else None."""
+        return nnx.merge(self._graphdef, params, self._rest) if self.float32_logits else None
+
     def _rl_loss(self, params: nnx.State, mb: Batch, norm: Normalizer, reference: nnx.State | None, *,
                  given_old: bool):
-        def logprobs(p: nnx.State) -> tuple[jax.Array, jax.Array]:
-            hidden = packed_hidden(self._merge(p), mb["input_ids"], mb["segment_ids"], mb["positions"])[:, :-1]
-            return logprobs_from_hidden(self._merge(p), hidden, mb["input_ids"][:, 1:], temperature=self.temperature,
+        def logprobs(p: nnx.State, head: nnx.Module | None) -> tuple[jax.Array, jax.Array]:
+            model = self._merge(p)
+            hidden = packed_hidden(model, mb["input_ids"], mb["segment_ids"], mb["positions"])[:, :-1]
+            head, hidden = head_and_hidden(model, hidden, head)
+            return logprobs_from_hidden(head, hidden, mb["input_ids"][:, 1:], temperature=self.temperature,
                                         chunk_tokens=self.chunk_tokens)
 
-        logps, entropy = logprobs(params)
+        logps, entropy = logprobs(params, self._float32_head(params))
         ref = None
         if reference is not None:
-            ref = jax.lax.stop_gradient(logprobs(reference)[0])
+            ref = jax.lax.stop_gradient(logprobs(reference, None)[0])
         loss, metrics = rl_loss(logps, mb["behaviour_logps"][:, 1:], mb["advantages"][:, 1:],
                                 mb["completion_mask"][:, 1:], Sequences.of(mb["segment_ids"][:, 1:]),
                                 self.loss_config, norm, self._policy_loss,
@@ -309,19 +324,22 @@ class Trainer:
 
     def _ce_loss(self, params: nnx.State, mb: Batch, norm: Normalizer, reference: nnx.State | None):
         del reference  # no KL term in sft / pretrain
-        loss, metrics = masked_cross_entropy(self._merge(params), mb, mb["input_ids"][:, 1:], norm, self.chunk_tokens)
+        loss, metrics = masked_cross_entropy(self._merge(params), mb, mb["input_ids"][:, 1:], norm, self.chunk_tokens,
+                                             float32_head=self._float32_head(params))
         return loss, (metrics, jnp.zeros((mb["input_ids"].shape[0], 0), jnp.float32))
 
 
 def masked_cross_entropy(model: nnx.Module, batch: Batch, targets: jax.Array, norm: Normalizer,
-                         chunk_tokens: int | None) -> tuple[jax.Array, dict[str, jax.Array]]:
+                         chunk_tokens: int | None, *, float32_head: nnx.Module | None = None,
+                         ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """L = −Σ_t m_t log p(y_t | x_≤t of its segment) / N_tok, with N_tok taken over the global batch.
 
     `targets` [B, T−1] are the next tokens (input_ids[:, 1:]); m = batch["loss_mask"][:, 1:], so a
     target the mask leaves out (a prompt token in SFT) has no effect on the loss or its gradient.
     """
     hidden = packed_hidden(model, batch["input_ids"], batch["segment_ids"], batch["positions"])[:, :-1]
-    logps, entropy = logprobs_from_hidden(model, hidden, targets, chunk_tokens=chunk_tokens)
+    head, hidden = head_and_hidden(model, hidden, float32_head)
+    logps, entropy = logprobs_from_hidden(head, hidden, targets, chunk_tokens=chunk_tokens)
     mask = batch["loss_mask"][:, 1:]
     denominator = jnp.maximum(norm.num_tokens, 1.0)
     loss = -(logps * mask).sum() / denominator

@@ -6,12 +6,12 @@ random weights (models.tiny.make_chatml_model), an SFT step of the shipped confi
         [--speed-layers 2] [--steps 3] [--json out.json]
 
 memory  XLA's own account of the compiled step (memory_analysis: arguments + temporaries, the
-        donated state counted once), for float32 and mixed precision, each with and without
-        train.remat, at `--layers` layers (compiled, not run: the full 24 layers fit no 2-core budget
-        of time). Beside it the analytic floor of that precision: master weights + gradients + AdamW's
-        two moments (+ the bf16 copy the step runs on) + the activations a remat step must keep
-        (each layer's input, in the compute dtype) + one logits chunk (train.logits_chunk_tokens × V
-        fp32). The ratio says how far the step is from what it cannot do without.
+        donated state counted once), for float32 and mixed precision, each under every train.remat
+        policy (none, full, save_matmuls), at `--layers` layers (compiled, not run: the full 24
+        layers fit no 2-core budget of time). Beside it the analytic floor of that precision: master
+        weights + gradients + AdamW's two moments (+ the bf16 copy the step runs on) + the
+        activations a remat step must keep (each layer's input, in the compute dtype) + one logits
+        chunk (train.logits_chunk_tokens × V fp32). The ratio says how far the step is from what it cannot do without.
 speed   tokens/s of `--steps` timed SFT steps (after one compile step) at `--speed-layers` layers,
         float32 vs mixed (bf16 compute is ~2× slower than float32 on CPUs without bf16 units; the
         row is for accelerators).
@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 PRECISIONS = {"float32": ("float32", None), "mixed": ("float32", "bfloat16")}
+REMAT_POLICIES = ("none", "full", "save_matmuls")  # learner.schema.RematPolicy
 BYTES = {"float32": 4, "bfloat16": 2}
 
 
@@ -61,7 +62,7 @@ def sft_batch(rows: int, seq: int, vocab: int, seed: int = 0):
     return TokenBatch(ids, ones, loss, ones.copy(), positions)
 
 
-def trainer_for(model_dir: Path, precision: str, *, remat: bool, chunk_tokens: int):
+def trainer_for(model_dir: Path, precision: str, *, remat: str, chunk_tokens: int):
     from learner.algo.optim import OptimizerConfig
     from learner.algo.train_step import Trainer
     from models.jax_model import load_model, make_mesh
@@ -83,22 +84,32 @@ def floor_bytes(n_params: int, precision: str, *, layers: int, tokens: int, hidd
     return 4 * master + copy + layers * tokens * hidden * compute + min(tokens, chunk_tokens) * vocab * 4
 
 
-def step_memory(model_dir: Path, precision: str, remat: bool, args: argparse.Namespace) -> dict:
+def compiled_memory(trainer, kind: str, arrays: dict):
+    """XLA's memory analysis of the trainer's compiled `kind` step ("sft" or "rl") on host `arrays`
+    (compiled, not run)."""
+    import jax
+
+    from learner.mesh import shard_rows
+
+    with jax.set_mesh(trainer.mesh):
+        batch = shard_rows(trainer.mesh, arrays)
+        step = trainer._step("rl" if kind == "rl" else "ce")
+        return step.lower(trainer.state, batch, trainer._reference).compile().memory_analysis()
+
+
+def step_memory(model_dir: Path, precision: str, remat: str, args: argparse.Namespace) -> dict:
     """XLA's bytes of one compiled SFT step of `precision` (run in a child process: a 24-layer state
     is ~6-9 GiB, and a process does not hand it back to the next configuration)."""
     import jax
     import numpy as np
 
-    from learner.mesh import shard_rows
     from models.tiny import QWEN2_5_0_5B
 
     batch = sft_batch(args.rows, args.seq, QWEN2_5_0_5B["vocab_size"])
     trainer = trainer_for(model_dir, precision, remat=remat, chunk_tokens=args.chunk_tokens)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(trainer.state.params))
     started = time.perf_counter()
-    with jax.set_mesh(trainer.mesh):
-        arrays = shard_rows(trainer.mesh, batch._asdict())
-        analysis = trainer._step("ce").lower(trainer.state, arrays, None).compile().memory_analysis()
+    analysis = compiled_memory(trainer, "sft", batch._asdict())
     floor = floor_bytes(n_params, precision, layers=args.layers, tokens=args.rows * args.seq,
                         hidden=QWEN2_5_0_5B["hidden_size"], vocab=QWEN2_5_0_5B["vocab_size"],
                         chunk_tokens=args.chunk_tokens)
@@ -114,14 +125,14 @@ def memory_rows(args: argparse.Namespace, tmp: Path) -> dict:
     model_dir = make_chatml_model(tmp / f"qwen-{args.layers}", num_layers=args.layers, dtype="bfloat16")
     out = {}
     for precision in PRECISIONS:
-        for remat in (False, True):
+        for remat in REMAT_POLICIES:
             child = subprocess.run(
                 [sys.executable, __file__, "--child", str(model_dir), precision, str(remat),
                  *(f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
                    if k in ("layers", "rows", "seq", "chunk_tokens"))],
                 capture_output=True, text=True, check=True)
             row = json.loads(child.stdout.strip().splitlines()[-1])
-            out[f"{precision}{', remat' if remat else ''}"] = row
+            out[f"{precision}, remat {remat}"] = row
             print(f"[real shape] memory {precision} remat={remat}: {row['step_bytes'] / 2**30:.2f} GiB "
                   f"(floor {row['floor_bytes'] / 2**30:.2f})", file=sys.stderr, flush=True)
     return out
@@ -135,7 +146,7 @@ def speed_rows(args: argparse.Namespace, tmp: Path) -> dict:
     batch = sft_batch(args.rows, args.seq, QWEN2_5_0_5B["vocab_size"])
     out = {}
     for precision in PRECISIONS:
-        trainer = trainer_for(model_dir, precision, remat=False, chunk_tokens=args.chunk_tokens)
+        trainer = trainer_for(model_dir, precision, remat="none", chunk_tokens=args.chunk_tokens)
         trainer.sft_step(batch)  # compiles
         started = time.perf_counter()
         for _ in range(args.steps):
@@ -157,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
         model_dir, precision, remat = args.child
-        print(json.dumps(step_memory(Path(model_dir), precision, remat == "True", args)))
+        print(json.dumps(step_memory(Path(model_dir), precision, remat, args)))
         return 0
     results = measure(args)
     for name, row in results["memory"].items():
