@@ -1,23 +1,32 @@
 """Adapter versions on the weight path, without an engine: the ADAPTER kind and its adapter config travel
 in the header over every transport, the config is a bounded JSON object refused at the door (before the
-blob), and the learner publishes adapters through the same publish_weights (version 0 only as the zero
-update)."""
+blob), the learner publishes adapters through the same publish_weights (version 0 only as the zero
+update), an actor's config check, and the sweep of adapter dirs a killed actor left."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from wire_helpers import connected_client, running_service
 
-from actors.weights.staged import WeightTransferError
+from actors.engine import WeightSetError
+from actors.weights.adapter_check import check_adapter, config_problems
+from actors.weights.adapters import ADAPTER_DIR_PREFIX, LoadedAdapters
+from actors.weights.apply import APPLIERS, applier
+from actors.weights.staged import StagedWeights, WeightTransferError
 from actors.weights.staging import stage_weights
 from learner.weights.publisher import pack_weights
 from learner.weights.shared_memory import SharedWeightFiles
 from models.peft import LoraConfig, adapter_config
 from tandem_wire import pb
 from tandem_wire.weights.manifest import ADAPTER, FULL, MAX_ADAPTER_CONFIG_BYTES
+from tandem_wire.weights.shared_memory import SHM_DIR
 
 LORA = LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj"))
 CONFIG = adapter_config(LORA, "runs/base")
@@ -40,8 +49,9 @@ def test_an_adapter_version_carries_its_kind_and_config_over_the_stream_and_shar
             assert (staged.version, staged.kind, staged.adapter) == (3, ADAPTER, CONFIG)
             assert [name for name, _ in staged.tensors] == [name for name, _ in ADAPTERS]
             assert all(np.array_equal(got, want) for (_, got), (_, want) in zip(staged.tensors, ADAPTERS, strict=True))
+            assert applier(staged.kind) is APPLIERS[ADAPTER] and not APPLIERS[ADAPTER].drains
         full = stage_weights(_messages(pack_weights(4, ADAPTERS).messages))
-        assert (full.kind, full.adapter) == (FULL, None)
+        assert (full.kind, full.adapter) == (FULL, None) and APPLIERS[FULL].drains
     finally:
         files.close()
 
@@ -85,3 +95,36 @@ def test_the_learner_publishes_adapters_through_publish_weights_and_version_0_on
         finally:
             client.close()
         assert (staged.version, staged.kind, staged.adapter) == (1, ADAPTER, CONFIG)
+
+
+def test_an_actor_takes_only_the_runs_adapter_config():
+    assert config_problems(CONFIG, LORA) == []
+    assert config_problems({**CONFIG, "base_model_name_or_path": "elsewhere", "lora_dropout": 0.1}, LORA) == []
+    assert config_problems({**CONFIG, "target_modules": ["v_proj", "q_proj"], "lora_alpha": 8}, LORA) == []
+    assert config_problems(None, LORA) == ["no adapter config in its header"]
+    for changed, needle in ((dict(r=8), "r=8"), (dict(lora_alpha=16.0), "lora_alpha=16.0"),
+                            (dict(target_modules=["q_proj"]), "target_modules"), (dict(peft_type="IA3"), "IA3"),
+                            (dict(fan_in_fan_out=0), "fan_in_fan_out"), (dict(use_dora=True), "unknown ['use_dora']")):
+        [problem] = config_problems({**CONFIG, **changed}, LORA)
+        assert needle in problem, problem
+    no_lora = SimpleNamespace(lora=None)  # the one branch that needs no engine: an actor without LoRA
+    with pytest.raises(WeightSetError, match="serves full weights"):
+        check_adapter(no_lora, StagedWeights(1, ADAPTERS, "", 0, kind=ADAPTER, adapter=CONFIG))
+
+
+def test_the_adapter_dirs_of_a_killed_actor_are_removed_by_the_next_one():
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = SHM_DIR / f"{ADAPTER_DIR_PREFIX}{int(dead.stdout)}-00ff"
+    (left / "1-policy-v1").mkdir(parents=True)
+    (left / "1-policy-v1" / "adapter_model.safetensors").write_bytes(b"x")
+    live = SHM_DIR / f"{ADAPTER_DIR_PREFIX}{os.getpid()}-00ee"
+    live.mkdir()
+    adapters = LoadedAdapters(engine=None, kept=2)  # an engine is not needed to start: nothing loaded yet
+    try:
+        assert not left.exists() and live.exists() and adapters.root.is_dir()
+        assert adapters.root.name.startswith(f"{ADAPTER_DIR_PREFIX}{os.getpid()}-")
+        assert (adapters.current, adapters.names) == (None, ())
+    finally:
+        adapters.close()
+        live.rmdir()
+    assert not adapters.root.exists()
