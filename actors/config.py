@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from models.peft import LoraConfig
 from rewards.spec import EnvironmentSpec
 
 FLEET_NAME = "tandem-fleet"  # the Ray name of a run's detached fleet (rollout.fleet_name)
@@ -65,6 +66,10 @@ class ActorConfig(EngineSettings):
                                                 "plaintext)")
     environment: EnvironmentSpec | None = Field(description="multi-turn episodes (rewards.environment; "
                                                                   "None: one completion per sample)")
+    lora: LoraConfig | None = Field(description="the run's LoRA (model.lora): its weight versions are adapters, "
+                                                "served over hf_dir's base (None: full weights)")
+    lora_versions_kept: int = Field(ge=1, description="adapter versions an actor keeps loaded: rollout.max_staleness "
+                                                      "+ 1, the versions whose groups the learner still takes")
 
 
 class RestartPolicy(BaseModel):

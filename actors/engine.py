@@ -8,24 +8,33 @@ the model is touched, so a bad version leaves the old weights serving.
 Sampling is streaming: ``submit`` adds one prompt's group to the running batch and ``poll`` runs one
 engine step and returns the groups whose ``n`` completions have all finished, so a short group is not
 held back by the longest one in its batch and new prompts join between steps. ``generate`` is a thin
-wrapper over the same two calls. Weights change only between steps with nothing in flight
+wrapper over the same two calls. Full weights change only between steps with nothing in flight
 (abort-and-resample: ``abort_all``, ``load_weights``, submit again), so every token of a group comes
 from one weight version and its behaviour logprobs are the ones that produced it.
+
+With LoRA (``lora``), vLLM serves the base from ``hf_dir`` and each weight version is an adapter
+(``load_adapter``; actors/weights/adapters.py names, keeps and unloads them): a new version loads
+beside the groups in flight, which keep the adapter they were submitted with, and new groups take the
+newest. Such an engine refuses full versions: the base stays the one it started from.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from actors.weights.adapters import LoadedAdapters
 from actors.weights.finite_scan import has_nonfinite
+from models.peft import LoraConfig, adapter_shapes
 
 GIB = 1 << 30
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
@@ -68,17 +77,28 @@ class Sample:
 
 @dataclass(frozen=True)
 class _InFlight:
-    """One submitted group: the caller's key and vLLM's internal id (the parent's id when n > 1)."""
+    """One submitted group: the caller's key, vLLM's internal id (the parent's id when n > 1) and the id
+    of the adapter it samples with (0: none)."""
 
     key: str
     internal_id: str
     n: int
+    adapter: int = 0
 
 
 @dataclass(frozen=True)
 class CheckedWeights:
     """A weight set ``RolloutEngine.check_weights`` accepted: loading it needs no second check."""
 
+    tensors: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class CheckedAdapter:
+    """An adapter version actors/weights/adapter_check.py accepted: `config` is its adapter_config.json."""
+
+    version: int
+    config: dict[str, Any]
     tensors: dict[str, np.ndarray]
 
 
@@ -102,6 +122,28 @@ def checkpoint_tensor_specs(hf_dir: Path) -> dict[str, TensorSpec]:
                 sl = f.get_slice(name)
                 specs[name] = TensorSpec(tuple(sl.get_shape()), sl.get_dtype())
     return specs
+
+
+def named_arrays(tensors: Iterable[tuple[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The (name, array) pairs as a dict; WeightSetError if a name comes twice."""
+    named: dict[str, np.ndarray] = {}
+    for name, array in tensors:
+        if name in named:
+            raise WeightSetError(f"rejected weight set: duplicate tensor {name}")
+        named[name] = np.asarray(array)
+    return named
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest max_lora_rank vLLM accepts (a fixed list of ranks) that holds `rank`."""
+    import typing
+
+    from vllm.config.lora import MaxLoRARanks
+
+    ranks = [r for r in typing.get_args(MaxLoRARanks) if r >= rank]
+    if not ranks:
+        raise ValueError(f"LoRA rank {rank} exceeds vLLM's largest, {max(typing.get_args(MaxLoRARanks))}")
+    return min(ranks)
 
 
 def validate_weight_set(expected: dict[str, TensorSpec], tensors: dict[str, np.ndarray],
@@ -160,7 +202,11 @@ class RolloutEngine:
     """
 
     def __init__(self, hf_dir: Path, *, max_model_len: int = 256, kv_cache_gib: float = 1, seed: int = 0,
-                 dtype: str = "float32", enforce_eager: bool | None = None, max_num_seqs: int = 256):
+                 dtype: str = "float32", enforce_eager: bool | None = None, max_num_seqs: int = 256,
+                 lora: LoraConfig | None = None, lora_versions_kept: int = 1):
+        """`lora`: serve adapter versions of this config over `hf_dir`'s base (None: full versions), keeping
+        the newest `lora_versions_kept` loaded. vLLM gets one adapter slot more (max_loras): the version
+        that loads while the oldest kept one still finishes its groups, so no new group waits for a slot."""
         from vllm import LLM
 
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
@@ -170,6 +216,11 @@ class RolloutEngine:
         self.hf_dir = Path(hf_dir)
         self.max_model_len = max_model_len
         self.expected_tensors = checkpoint_tensor_specs(self.hf_dir)
+        self.lora = lora
+        self.adapter_shapes = ({} if lora is None else
+                               adapter_shapes(json.loads((self.hf_dir / "config.json").read_text()), lora))
+        lora_args = {} if lora is None else {"enable_lora": True, "max_lora_rank": vllm_lora_rank(lora.rank),
+                                             "max_loras": lora_versions_kept + 1}
         with _without_env("VLLM_CPU_KVCACHE_SPACE"):
             self.llm = LLM(
                 model=str(self.hf_dir),
@@ -181,7 +232,9 @@ class RolloutEngine:
                 enforce_eager=_on_cpu() if enforce_eager is None else enforce_eager,
                 logprobs_mode="processed_logprobs",
                 worker_extension_cls=WORKER_EXTENSION,
+                **lora_args,
             )
+        self.adapters = None if lora is None else LoadedAdapters(self.llm.llm_engine, lora_versions_kept)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self._requests: dict[str, _InFlight] = {}  # vLLM request id -> group, in submission order
         self._keys_in_flight: set[str] = set()
@@ -214,9 +267,11 @@ class RolloutEngine:
         # RequestOutput carries this id (vLLM's random suffix goes only on its internal id), so the
         # counter keeps it unique per request even when a key is resubmitted after an abort
         request_id = f"{key}#{next(self._request_counter)}"
+        adapter = self.adapters.current if self.adapters is not None else None  # the newest version's
         internal_id = self.llm.llm_engine.add_request(
-            request_id, TokensPrompt(prompt_token_ids=list(prompt)), params)
-        self._requests[request_id] = _InFlight(key=key, internal_id=internal_id, n=sampling.n)
+            request_id, TokensPrompt(prompt_token_ids=list(prompt)), params, lora_request=adapter)
+        self._requests[request_id] = _InFlight(key=key, internal_id=internal_id, n=sampling.n,
+                                               adapter=adapter.lora_int_id if adapter is not None else 0)
         self._keys_in_flight.add(key)
 
     def poll(self) -> list[tuple[str, list[Sample]]]:
@@ -239,6 +294,8 @@ class RolloutEngine:
                 raise RuntimeError(f"group {group.key!r}: vLLM returned {len(output.outputs)} "
                                    f"completions, expected {group.n}")
             finished.append((group.key, [_to_sample(c) for c in output.outputs]))
+        if finished:
+            self._unload_adapters()
         return finished
 
     def abort_all(self) -> list[str]:
@@ -257,6 +314,7 @@ class RolloutEngine:
         self.llm.llm_engine.abort_request([g.internal_id for g in groups], internal=True)
         self._requests.clear()
         self._keys_in_flight.clear()
+        self._unload_adapters()
         return [g.key for g in groups]
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSpec) -> list[list[Sample]]:
@@ -292,12 +350,11 @@ class RolloutEngine:
         dtypes, finite values); raises WeightSetError listing every problem. Touches no engine state,
         so an actor checks a new version while it keeps sampling, before it pauses anything.
         `nonfinite`: what the staging's scan found (StagedWeights.nonfinite), so values are not
-        scanned twice; None scans them here."""
-        named: dict[str, np.ndarray] = {}
-        for name, array in tensors:
-            if name in named:
-                raise WeightSetError(f"rejected weight set: duplicate tensor {name}")
-            named[name] = np.asarray(array)
+        scanned twice; None scans them here. An engine serving adapters (``lora``) refuses every full set."""
+        if self.lora is not None:
+            raise WeightSetError("rejected weight set: this engine serves LoRA adapters over its base "
+                                 "(model.lora), and a full version would replace that base")
+        named = named_arrays(tensors)
         validate_weight_set(self.expected_tensors, named, nonfinite)
         return CheckedWeights(named)
 
@@ -319,9 +376,33 @@ class RolloutEngine:
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight load")
         return time.perf_counter() - start
 
+    def load_adapter(self, adapter: CheckedAdapter) -> float:
+        """Load a checked adapter version beside the groups in flight (they keep theirs) and make it the one
+        new groups take; unload the versions no longer kept that no group uses. Returns the seconds it took."""
+        if self.adapters is None:
+            raise WeightSetError("rejected adapter version: this engine serves full weights (model.lora unset)")
+        start = time.perf_counter()
+        self.adapters.load(adapter.version, adapter.config, adapter.tensors, self._adapters_in_flight())
+        return time.perf_counter() - start
+
+    @property
+    def adapters_loaded(self) -> tuple[str, ...]:
+        """The adapter versions loaded (their vLLM names, policy-v<n>), oldest first; () without LoRA."""
+        return self.adapters.names if self.adapters is not None else ()
+
+    def _adapters_in_flight(self) -> set[int]:
+        return {group.adapter for group in self._requests.values()}
+
+    def _unload_adapters(self) -> None:
+        """Groups left the engine: unload the adapters no longer kept that none of the rest uses."""
+        if self.adapters is not None:
+            self.adapters.unload(self._adapters_in_flight())
+
     def shutdown(self) -> None:
-        """Stop the engine core and free its KV cache."""
+        """Stop the engine core and free its KV cache (and its adapters' dirs)."""
         self.llm.llm_engine.engine_core.shutdown()
+        if self.adapters is not None:
+            self.adapters.close()
 
     def _validate_prompts(self, prompts: Sequence[Sequence[int]], names: Sequence[str] | None = None) -> None:
         """Raise PromptTooLongError/ValueError for bad prompts; errors name prompts by index or ``names``."""

@@ -143,7 +143,8 @@ class RolloutActor:
         self.actor_id = actor_id
         self.config = config
         self.engine = RolloutEngine(Path(config.hf_dir), max_model_len=config.max_model_len,
-                                    kv_cache_gib=config.kv_cache_gib, seed=config.seed, dtype=config.dtype)
+                                    kv_cache_gib=config.kv_cache_gib, seed=config.seed, dtype=config.dtype,
+                                    lora=config.lora, lora_versions_kept=config.lora_versions_kept)
         # set when our lease budget may have grown: we loaded a version, or the learner announced one, a
         # step or slots given back on the group stream; it ends a wait for prompts
         self._ask_again = threading.Event()
@@ -266,6 +267,7 @@ class RolloutActor:
             relay_bytes_served=self.relay.bytes_served if self.relay else 0,
             calls_refused=dict(self.client.calls_refused),
             episodes=self._episode_counts(),
+            adapters=self.engine.adapters_loaded,
         )
 
     def _episode_counts(self) -> dict[str, int]:
@@ -588,8 +590,9 @@ class RolloutActor:
             self._reject(staged.version, str(error), time.perf_counter() - start, retry_after_s=float("inf"))
             return
         fetched = _Fetched(checked, time.perf_counter() - start, apply)
-        # sync mode never holds groups in the engine between two locked calls: always loaded at once
-        self._swap(lambda: self._weights.offer(staged.version, fetched, self.engine.in_flight))
+        # sync mode never holds groups in the engine between two locked calls: always loaded at once; an
+        # adapter loads beside the groups in flight (they keep theirs), so it is due at once too
+        self._swap(lambda: self._weights.offer(staged.version, fetched, self.engine.in_flight if apply.drains else 0))
 
     def _load_when_drained(self) -> None:
         """After an engine step (streaming): the pending version is loaded once the groups in flight
@@ -611,7 +614,7 @@ class RolloutActor:
             due = self._weights.due()
             if due is None:
                 return
-            with self._engine_paused():
+            with self._engine_paused() if due.staged.applier.drains else contextlib.nullcontext():
                 stall_s = due.staged.applier.load(self.engine, due.staged.weights)
                 self._weights.loaded(due.version)
         transfer_s = due.staged.transfer_s

@@ -65,6 +65,10 @@ class ActorStats:
     samples where the chat template could not extend the tokens), and ended/<why> for each way a
     trajectory ended (done, max_turns, tool_errors, max_tokens, context, template_refused, unscorable);
     {} without"""
+    adapters: tuple[str, ...] = ()
+    """LoRA (model.lora): the adapter versions loaded in its engine, by their vLLM names (policy-v<n>), oldest
+    first: the newest max_staleness + 1, and an older one while a group in flight still samples with it; ()
+    without"""
 
 
 class TimeShareMeter:

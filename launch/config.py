@@ -216,7 +216,8 @@ class TandemConfig(Section):
         engine = self.rollout.model_dump(include=set(EngineSettings.model_fields))
         return ActorConfig(**engine, hf_dir=str(model_dir), dtype=self.model.dtype, seed=self.seed,
                            auth_token=self.server.auth_token, tls_ca_path=self.server.tls_ca_path,
-                           environment=self.rewards.spec().environment)
+                           environment=self.rewards.spec().environment, lora=self.model.lora,
+                           lora_versions_kept=self.rollout.max_staleness + 1)
 
     def eval_settings(self) -> dict[str, Any]:
         """Keyword arguments of launch.evaluation.Evaluator (besides the model, examples and scorer)."""

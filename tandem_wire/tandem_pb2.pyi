@@ -33,6 +33,7 @@ class WeightKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     WEIGHT_KIND_UNSPECIFIED: _ClassVar[WeightKind]
     WEIGHT_KIND_FULL: _ClassVar[WeightKind]
+    WEIGHT_KIND_ADAPTER: _ClassVar[WeightKind]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -55,6 +56,7 @@ ACK_STATUS_INVALID: AckStatus
 ACK_STATUS_RETRY: AckStatus
 WEIGHT_KIND_UNSPECIFIED: WeightKind
 WEIGHT_KIND_FULL: WeightKind
+WEIGHT_KIND_ADAPTER: WeightKind
 DTYPE_UNSPECIFIED: DType
 DTYPE_FLOAT32: DType
 DTYPE_BFLOAT16: DType
@@ -279,18 +281,20 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class WeightHeader(_message.Message):
-    __slots__ = ("version", "tensors", "total_bytes", "checksum_algorithm", "kind")
+    __slots__ = ("version", "tensors", "total_bytes", "checksum_algorithm", "kind", "adapter_config")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_CONFIG_FIELD_NUMBER: _ClassVar[int]
     version: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     total_bytes: int
     checksum_algorithm: str
     kind: WeightKind
-    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., checksum_algorithm: _Optional[str] = ..., kind: _Optional[_Union[WeightKind, str]] = ...) -> None: ...
+    adapter_config: str
+    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., checksum_algorithm: _Optional[str] = ..., kind: _Optional[_Union[WeightKind, str]] = ..., adapter_config: _Optional[str] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
     __slots__ = ("version", "offset", "data")

@@ -5,6 +5,7 @@ vLLM's CPU attention needs head_dim >= 32, so the tiny model uses 2 heads x 32.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -54,6 +55,30 @@ def random_weights(like: dict[str, np.ndarray], seed: int, std: float = 0.3) -> 
             new = (1.0 if "norm" in name else 0.0) + rng.normal(0.0, 0.1, arr.shape)
         out[name] = new.astype(arr.dtype)
     return out
+
+
+def random_adapter(hf_dir: Path, lora, seed: int, std: float = 0.3) -> dict[str, np.ndarray]:
+    """Float32 LoRA adapters (PEFT names and shapes, models.peft.adapter_shapes) for the model in `hf_dir`,
+    A and B both N(0, std^2): B nonzero, so the adapter changes the model (unlike LoRA's initial B = 0)."""
+    from models.peft import adapter_shapes
+
+    rng = np.random.default_rng(seed)
+    config = json.loads((Path(hf_dir) / "config.json").read_text())
+    return {name: rng.normal(0.0, std, shape).astype(np.float32)
+            for name, shape in adapter_shapes(config, lora).items()}
+
+
+def merged_weights(base: dict[str, np.ndarray], adapter: dict[str, np.ndarray], scale: float) -> dict[str, np.ndarray]:
+    """The full weights an adapter stands for, merged by hand: W + scale · B A on every adapted layer."""
+    merged = dict(base)
+    for name, a in adapter.items():
+        if name.endswith(".lora_A.weight"):
+            module = name.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+            b = adapter[name.replace(".lora_A.", ".lora_B.")]
+            weight = base[f"{module}.weight"]
+            merged[f"{module}.weight"] = (weight.astype(np.float64) + scale * (b.astype(np.float64) @ a)).astype(
+                weight.dtype)
+    return merged
 
 
 def write_weights_dir(base_dir: Path, out_dir: Path, tensors: dict[str, np.ndarray]) -> Path:

@@ -55,6 +55,9 @@ def test_the_actor_config_carries_the_run_config():
     assert (actor.hf_dir, actor.seed, actor.dtype) == ("/models/m", 17, "bfloat16")
     assert (actor.group_size, actor.top_p, actor.stop, actor.kv_cache_gib) == (5, 0.9, ["END"], 0.5)
     assert (actor.prompts_per_batch, actor.num_cpus, actor.auth_token, actor.tls_ca_path) == (3, 0, "abc", "/ca.pem")
+    assert (actor.lora, actor.lora_versions_kept) == (None, 2)  # full versions; max_staleness 1 by default
+    lora = load_config(None, ["model.lora.rank=16", "rollout.max_staleness=3"]).actor_config("/m")
+    assert (lora.lora.rank, lora.lora.alpha, lora.lora_versions_kept) == (16, 16.0, 4)  # the η + 1 newest
 
 
 def test_the_eval_settings_carry_the_run_config():

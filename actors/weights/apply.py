@@ -1,10 +1,14 @@
 """How an actor applies a weight version: its kind (pb.WeightKind, in the version's header) decides.
 
 One row per kind: how the staged tensors are checked while the engine keeps sampling (`check`, raising
-WeightSetError for a version this engine cannot take) and how the checked version is loaded between two
-engine steps (`load`, returning the seconds sampling stalled). Full weights are checked against the
-engine's own tensors and reloaded in place (actors/weights/vllm_worker_ext.py). A kind without a row is
-refused like a version that fails its check: the actor keeps serving the one it has.
+WeightSetError for a version this engine cannot take), how the checked version is loaded between two
+engine steps (`load`, returning the seconds sampling stalled), and whether the load needs the groups in
+flight out of the engine first (`drains`). Full weights are checked against the engine's own tensors and
+reloaded in place (actors/weights/vllm_worker_ext.py), after the groups in flight drained (or were
+aborted), so no group mixes two versions. LoRA adapters are checked against the run's adapter config and
+the model's adapter shapes (actors/weights/adapter_check.py) and loaded beside the groups in flight, which
+keep the adapter they started with (actors/weights/adapters.py). A kind without a row is refused like a
+version that fails its check: the actor keeps serving the one it has.
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from actors.engine import WeightSetError
+from actors.weights.adapter_check import check_adapter
 from actors.weights.staged import StagedWeights
 from tandem_wire import pb
-from tandem_wire.weights.manifest import FULL
+from tandem_wire.weights.manifest import ADAPTER, FULL
 
 if TYPE_CHECKING:
     from actors.engine import RolloutEngine
@@ -30,11 +35,13 @@ class Applier(Generic[Checked]):
 
     check: Callable[[RolloutEngine, StagedWeights], Checked]
     load: Callable[[RolloutEngine, Checked], float]
+    drains: bool  # loaded only with no group in flight: they drain first, and what is left is aborted
 
 
 APPLIERS: dict[int, Applier[Any]] = {
     FULL: Applier(check=lambda engine, staged: engine.check_weights(staged.tensors, staged.nonfinite),
-                  load=lambda engine, checked: engine.load_weights(checked)),
+                  load=lambda engine, checked: engine.load_weights(checked), drains=True),
+    ADAPTER: Applier(check=check_adapter, load=lambda engine, checked: engine.load_adapter(checked), drains=False),
 }
 
 

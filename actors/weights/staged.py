@@ -4,7 +4,7 @@ transport's actor half (actors/weights/staging.py, shared_memory.py, relay.py) d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -27,6 +27,7 @@ class StagedWeights:
     transfer_s: float = 0.0
     nonfinite: tuple[str, ...] | None = None  # tensors with a NaN or Inf, scanned while staging; None: unscanned
     kind: int = FULL  # what the tensors are (pb.WeightKind): it decides how they are applied (apply.py)
+    adapter: dict[str, Any] | None = None  # an ADAPTER version's adapter_config.json, as its header carried it
 
 
 class StagingWatcher(Protocol):

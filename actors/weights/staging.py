@@ -28,7 +28,7 @@ from actors.weights.shared_memory import map_shared
 from actors.weights.staged import StagedWeights, StagingWatcher, WeightTransferError
 from tandem_wire import pb
 from tandem_wire.weights.digest import CRYPTOGRAPHIC, Digest, UnknownDigest, new_digest
-from tandem_wire.weights.manifest import NUMPY_DTYPES
+from tandem_wire.weights.manifest import NUMPY_DTYPES, adapter_config_of
 
 MAX_WEIGHT_BYTES = 1 << 40  # a header announcing more is refused before allocating
 
@@ -67,6 +67,10 @@ def _stage(
     if not 0 <= header.total_bytes <= MAX_WEIGHT_BYTES:
         raise WeightTransferError(f"implausible total_bytes {header.total_bytes}")
     specs = _checked_specs(header)
+    try:
+        adapter = adapter_config_of(header)  # before the blob: a malformed config costs no transfer
+    except ValueError as error:
+        raise WeightTransferError(f"weight header refused: {error}") from None
     with FiniteScan(specs) as scan:
         buffer, checksum = _receive_blob(stream, header, digest, allow_shared, watcher, scan)
         nonfinite = scan.nonfinite()
@@ -75,7 +79,7 @@ def _stage(
         for name, dtype, shape, offset in specs
     ]
     return StagedWeights(header.version, tensors, checksum, header.total_bytes, nonfinite=nonfinite,
-                         kind=header.kind)
+                         kind=header.kind, adapter=adapter)
 
 
 def _receive_blob(

@@ -48,7 +48,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -84,7 +84,7 @@ from learner.weights.publisher import WeightPublisher, pack_weights
 from learner.weights.relay import RelayTree
 from learner.weights.shared_memory import SharedWeightFiles
 from learner.weights.transports import Fetch, WeightTransports
-from learner.weights.versions import UnknownWeightVersion, WeightVersions
+from learner.weights.versions import INITIAL_VERSION, UnknownWeightVersion, WeightVersions, check_initial_adapter
 from learner.wire_bounds import InvalidInput, check_int, check_text
 from tandem_wire import grpc_options, pb, rpc
 from tandem_wire.auth import BearerTokenInterceptor
@@ -327,15 +327,23 @@ class LearnerService(rpc.LearnerServicer):
             if not trained:
                 self._announce()  # their slots are back
 
-    def publish_weights(self, version: int, tensors: Iterable[tuple[str, np.ndarray]]) -> None:
+    def publish_weights(self, version: int, tensors: Iterable[tuple[str, np.ndarray]],
+                        adapter: Mapping[str, Any] | None = None) -> None:
         """Serialise, checksum and publish a weight version; actors see it in acks and heartbeats.
 
-        Versions increase; the version restored by load_state_dict may be published once more."""
+        `tensors`: HF-named full weights, or with `adapter` (the adapters' adapter_config.json,
+        models.peft.adapter_config) the LoRA adapters in PEFT's names and shapes (models.peft.adapter_shapes),
+        which actors serve over the base they started from (an ADAPTER version); float32, bfloat16 or
+        float16. Versions increase; the version restored by load_state_dict may be published once more.
+        Version 0 is the base itself, which no actor fetches: as an adapter it must be the zero update."""
         with self._cond:
             self._check_publishable(version)
+        if adapter is not None and version == INITIAL_VERSION:
+            tensors = list(tensors)
+            check_initial_adapter(tensors)
         weights = pack_weights(version, tensors, self.config.weight_chunk_bytes, self.config.server.weight_digest,
                                share=self._share if self._shared is not None else None,
-                               shared_digest=self.config.server.shared_weight_digest)
+                               shared_digest=self.config.server.shared_weight_digest, adapter=adapter)
         with self._cond:
             try:
                 self._check_publishable(version)

@@ -3,8 +3,8 @@ transport's learner half, tandem_wire/weights/transports.py), and held while the
 
 A version (tandem_wire/weights/manifest.py) is one contiguous byte blob (each tensor 64-byte aligned, so
 the receiver can view every tensor in place) described by a WeightHeader of TensorSpecs and the version's
-kind, with the digest of the blob (its kind, tandem_wire.weights.digest, named in the header: blake3
-unless the server's config says sha256).
+kind (full weights, or LoRA adapters with their adapter config), with the digest of the blob (its kind,
+tandem_wire.weights.digest, named in the header: blake3 unless the server's config says sha256).
 The whole FetchWeights stream of a version (header, chunks, commit) is serialised once, at
 publish time, so serving it to each actor copies nothing in Python; the blob itself is not kept in
 the process. With a `share` writer (learner/weights/shared_memory.py) the blob is also written once into
@@ -16,15 +16,16 @@ The newest version is kept, and an older one only while a stream still reads it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from tandem_wire import pb
 from tandem_wire.weights.chunks import WEIGHT_CHUNK_BYTES, encode_chunk
 from tandem_wire.weights.digest import DEFAULT_DIGEST, DEFAULT_SHARED_DIGEST, hexdigest
-from tandem_wire.weights.manifest import ALIGNMENT, FULL, WIRE_DTYPES
+from tandem_wire.weights.manifest import ADAPTER, ALIGNMENT, FULL, WIRE_DTYPES, adapter_config_json
 
 
 @dataclass(frozen=True)
@@ -39,15 +40,17 @@ class WeightBlob:
 def pack_weights(
     version: int, tensors: Iterable[tuple[str, np.ndarray]], chunk_bytes: int = WEIGHT_CHUNK_BYTES,
     digest: str = DEFAULT_DIGEST, share: Callable[[int, memoryview], str] | None = None,
-    shared_digest: str = DEFAULT_SHARED_DIGEST, kind: int = FULL,
+    shared_digest: str = DEFAULT_SHARED_DIGEST, adapter: Mapping[str, Any] | None = None,
 ) -> WeightBlob:
     """Serialise named tensors (float32, bfloat16 or float16) into one aligned blob with its `digest`
     (a tandem_wire.weights.digest kind), cut into the serialised messages of its stream; `share(version,
     blob)`, when given, writes the blob into shared memory and returns the path same-host actors read (""
     when it could not: the version is then streamed only); the shared file is named with its own
-    `shared_digest`. `kind` says what the tensors are (tandem_wire/weights/manifest.py)."""
+    `shared_digest`. `adapter`: the tensors are LoRA adapters and this their adapter_config.json
+    (models.peft.adapter_config), carried in the header (an ADAPTER version); None: full weights."""
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+    adapter_config = "" if adapter is None else adapter_config_json(adapter)
     arrays: list[tuple[str, np.ndarray]] = []
     seen: set[str] = set()
     for name, tensor in tensors:
@@ -62,7 +65,8 @@ def pack_weights(
             )
         seen.add(name)
         arrays.append((name, array))
-    header = pb.WeightHeader(version=version, checksum_algorithm=digest, kind=kind)
+    header = pb.WeightHeader(version=version, checksum_algorithm=digest, kind=FULL if adapter is None else ADAPTER,
+                             adapter_config=adapter_config)
     offset = 0
     for name, array in arrays:
         header.tensors.add(

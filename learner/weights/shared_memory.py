@@ -20,9 +20,7 @@ import re
 import secrets
 from pathlib import Path
 
-import psutil
-
-from tandem_wire.weights.shared_memory import SHARED_PREFIX, SHM_DIR, shared_memory_domain
+from tandem_wire.weights.shared_memory import SHARED_PREFIX, SHM_DIR, remove_orphans, shared_memory_domain
 
 log = logging.getLogger(__name__)
 STALE_NAME = re.compile(re.escape(SHARED_PREFIX) + r"(\d+)-[0-9a-f]+-v\d+")
@@ -65,12 +63,7 @@ class SharedWeightFiles:
 
 def remove_stale_files(directory: Path) -> list[Path]:
     """Remove the shared weight files of learners that no longer run; returns what was removed."""
-    removed = []
-    for path in directory.glob(f"{SHARED_PREFIX}*"):
-        match = STALE_NAME.fullmatch(path.name)
-        if match and not psutil.pid_exists(int(match.group(1))):
-            path.unlink(missing_ok=True)
-            removed.append(path)
+    removed = remove_orphans(directory, STALE_NAME)
     if removed:
         log.info("removed %d shared weight file(s) of dead learners from %s", len(removed), directory)
     return removed

@@ -1,19 +1,41 @@
-"""Which weight versions an actor may name: those this learner published, and the restored one.
+"""Which weight versions an actor may name: those this learner published, and the restored one; and
+what version 0 may be.
 
 Reports of any other version (never published, negative, from the future) are refused, so that
 actors_status() and the version-lag metrics only ever show versions that exist. Published versions
 increase, so they are kept in a compact sorted array (8 bytes each) and looked up by bisection.
+
+Version 0 is the run's initial checkpoint, which every actor starts from and so never fetches. A run
+that publishes LoRA adapters may publish its initial adapter as version 0 only if it changes nothing
+(every lora_B zero, as LoRA initialises it): otherwise actors at version 0 would sample another policy
+than the one the learner scores their groups with.
 """
 
 from __future__ import annotations
 
 from array import array
 from bisect import bisect_left
+from collections.abc import Iterable
+
+import numpy as np
 
 from learner.wire_bounds import InvalidInput
 
 NO_VERSION = -1  # an actor that serves no weights this learner knows
 INITIAL_VERSION = 0  # the run's initial checkpoint, which every actor starts from
+
+
+LORA_B_SUFFIX = ".lora_B.weight"  # PEFT's name of an adapter's up-projection (models/peft.py)
+
+
+def check_initial_adapter(tensors: Iterable[tuple[str, np.ndarray]]) -> None:
+    """Raise ValueError unless these adapters are the zero update (every lora_B all zeros), which is
+    what version 0, the base the actors start from, must be."""
+    nonzero = [name for name, tensor in tensors if name.endswith(LORA_B_SUFFIX) and np.any(np.asarray(tensor))]
+    if nonzero:
+        raise ValueError(f"version {INITIAL_VERSION} is the base every actor starts from and never fetches: an "
+                         f"adapter published as it must change nothing, but {len(nonzero)} lora_B tensor(s) are "
+                         f"not zero ({nonzero[:3]})")
 
 
 class UnknownWeightVersion(InvalidInput):

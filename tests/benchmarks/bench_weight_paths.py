@@ -19,6 +19,11 @@ prefix-cache reset) as a fraction of one generation batch, with its parts.
 
     .venv/bin/python tests/benchmarks/bench_weight_paths.py [--mb 16 256 1024] [--ray]
     .venv/bin/python tests/benchmarks/bench_weight_paths.py --section [--mb 16 256 1024]
+    .venv/bin/python tests/benchmarks/bench_weight_paths.py --adapters [--repeats 3]
+
+`adapters`: bytes and seconds per pushed version at Qwen2.5-0.5B's shape (bf16), the full weights against
+LoRA adapters of rank 8 and 64 (issue 39): published, then fetched + staged + verified over shared memory
+and over the gRPC stream through the real service and client, and an adapter's PEFT dir written for vLLM.
 
 Rates are bytes of the version per second of the receiving side (best of --repeats), MiB/s.
 """
@@ -43,6 +48,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from bench_weights import tcp_loopback_bytes_per_s  # noqa: E402
 
 from tandem_wire.weights.digest import DEFAULT_DIGEST, DEFAULT_SHARED_DIGEST  # noqa: E402
+from tandem_wire.weights.shared_memory import SHM_DIR  # noqa: E402
 
 MIB = 2**20
 
@@ -350,6 +356,85 @@ def section(sizes_mib: list[float], repeats: int, model_dir: Path | None, tiny: 
     return out
 
 
+def qwen05b_versions(ranks: tuple[int, ...] = (8, 64), dtype: str = "bfloat16") -> dict[str, dict[str, np.ndarray]]:
+    """One random version of each kind at Qwen2.5-0.5B's shape (models.tiny.QWEN2_5_0_5B) in `dtype`: the
+    full weights ("full") and LoRA adapters on every targeted layer of each rank ("rank <r>")."""
+    import ml_dtypes
+
+    from models.families import hf_param_shapes
+    from models.peft import LoraConfig, adapter_shapes
+    from models.tiny import QWEN2_5_0_5B, tiny_hf_config
+
+    config = tiny_hf_config(family="qwen2", **QWEN2_5_0_5B)
+    target = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}[dtype]
+    rng = np.random.default_rng(0)
+
+    def random(shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+        return {name: (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(target)
+                for name, shape in shapes.items()}
+
+    versions = {"full": random(hf_param_shapes(config))}
+    for rank in ranks:
+        versions[f"rank {rank}"] = random(adapter_shapes(config, LoraConfig(rank=rank)))
+    return versions
+
+
+def adapter_versions(repeats: int, ranks: tuple[int, ...] = (8, 64)) -> dict[str, dict[str, float]]:
+    """Bytes and seconds per pushed version at Qwen2.5-0.5B's shape (bf16), full weights against LoRA adapters
+    of each rank, through the real service and client: publish_s (the learner packs, digests, writes the
+    shared file; beside training), then fetched + staged + verified + scanned over shared memory and over
+    the gRPC stream (best of `repeats` each), and for adapters the actor's PEFT dir written for vLLM
+    (write_s). The vLLM load itself is not in it."""
+    import tempfile
+
+    from wire_helpers import connected_client, running_service
+
+    from actors.weights.adapters import write_peft_dir
+    from models.peft import LoraConfig, adapter_config
+
+    out: dict[str, dict[str, float]] = {}
+    for name, tensors in qwen05b_versions(ranks).items():
+        adapter = None if name == "full" else adapter_config(LoraConfig(rank=int(name.split()[1])), "Qwen2.5-0.5B")
+        row: dict[str, float] = {}
+        with running_service() as (service, address):
+            start = time.perf_counter()
+            service.publish_weights(1, tensors.items(), adapter=adapter)
+            row["publish_s"] = time.perf_counter() - start
+            for path, shared in (("shared memory", True), ("grpc stream", False)):
+                client = connected_client(address, path.replace(" ", "-"), shared_memory=shared)
+                seconds = []
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    staged = client.fetch_weights()
+                    seconds.append(time.perf_counter() - start)
+                row[f"{path}_s"] = min(seconds)
+                client.close()
+        row["bytes"] = staged.total_bytes
+        if adapter is not None:
+            with tempfile.TemporaryDirectory(dir=SHM_DIR if SHM_DIR.is_dir() else None) as tmp:
+                seconds = []
+                for i in range(repeats):
+                    start = time.perf_counter()
+                    write_peft_dir(Path(tmp) / str(i), adapter, dict(staged.tensors))
+                    seconds.append(time.perf_counter() - start)
+                row["write_s"] = min(seconds)
+        del staged
+        out[name] = row
+    return out
+
+
+def print_adapter_versions(rows: dict[str, dict[str, float]]) -> None:
+    full = rows["full"]
+    print(f"{os.cpu_count()} CPUs; one version at Qwen2.5-0.5B's shape (bf16); ratio = this version / the full one")
+    print(f"  {'version':<8} {'MiB':>9} {'bytes':>7} {'publish s':>10} {'shm s':>8} {'stream s':>9} "
+          f"{'stream':>7} {'PEFT dir s':>10}")
+    for name, row in rows.items():
+        write = f"{row['write_s']:>10.4f}" if "write_s" in row else f"{'':>10}"
+        print(f"  {name:<8} {row['bytes'] / MIB:>9.1f} {row['bytes'] / full['bytes']:>7.2%} {row['publish_s']:>10.3f} "
+              f"{row['shared memory_s']:>8.4f} {row['grpc stream_s']:>9.4f} "
+              f"{row['grpc stream_s'] / full['grpc stream_s']:>7.2%} {write}")
+
+
 def ray_rates(nbytes: int, repeats: int) -> dict[str, float]:
     """ray.put once in this process; ray.get + blake3 in a Ray worker of the same node."""
     import ray
@@ -423,9 +508,14 @@ def main() -> None:
     parser.add_argument("--mb", type=float, nargs="+", default=[16, 256])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ray", action="store_true", help="also Ray's object store (starts a local Ray)")
+    parser.add_argument("--adapters", action="store_true",
+                        help="bytes and seconds per pushed version at Qwen2.5-0.5B's shape: full vs LoRA rank 8 and 64")
     parser.add_argument("--section", action="store_true",
                         help="launch/bench.py's weights rows (without the demo model's update)")
     args = parser.parse_args()
+    if args.adapters:
+        print_adapter_versions(adapter_versions(args.repeats))
+        return
     if args.section:
         print(json.dumps(section(args.mb, args.repeats, None, (0, 0, 0)), indent=2))
         return
