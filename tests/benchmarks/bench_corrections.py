@@ -60,7 +60,8 @@ def run_one(args: argparse.Namespace, kind: str, index: int) -> dict:
            f"rollout.fleet_name=corrections-{kind}-{index}", *correction_override(kind), *args.overrides]
     # every run compiles its steps: JAX's persistent cache would spare the runs after the first
     env = {**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"}
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, env=env)
+    if not (run_dir / "summary.json").exists():  # a finished run is read again, not repeated
+        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, env=env, timeout=args.run_timeout_s)
     points = curve(run_dir)
     return {"correction": kind, "start": index, "curve": points, "final_accuracy": points[-1][1],
             "minutes_to_target": first_at(points, args.target), "steps_to_target": steps_to(run_dir, args.target),
@@ -85,6 +86,7 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--collapse", type=float, default=0.2)
     parser.add_argument("--out", default="runs/corrections")
+    parser.add_argument("--run-timeout-s", type=float, default=5400, help="a run that has not finished by then fails")
     parser.add_argument("overrides", nargs="*", help="config key=value overrides for every run")
     args = parser.parse_args()
     if len(args.starts) != len(args.data):
