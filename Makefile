@@ -32,7 +32,8 @@ $(STAMP): pyproject.toml $(CONSTRAINTS_FILE)
 
 env: $(STAMP)
 
-# `make demo DEMO_ARGS="--seed 1"` runs another seed.
+# `make demo DEMO_ARGS="--seed 1"` runs another seed; DEMO_ARGS="rl.model.lora.rank=16 rl.optim.learning_rate=3e-3"
+# runs the RL stage with LoRA (docs/lora.md).
 demo: env
 	$(PY) launch/demo.py $(DEMO_ARGS)
 

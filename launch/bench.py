@@ -43,10 +43,11 @@ Rows (tandem | baseline | ratio):
              (tests/benchmarks/bench_weight_paths.py, whose CLI also compares the candidate paths:
              parallel TCP streams, Ray's object store, the digests alone)
   real       (only with `--only real`) the learner at Qwen2.5-0.5B's shape (151,936 vocabulary, random
-             weights): XLA's memory of one compiled SFT step (24 layers, 8 rows x 256 tokens) in float32
-             and mixed precision, under each train.remat policy  |  the analytic floor (weights, grads,
-             AdamW moments, compute copy, remat activations, one logits chunk); SFT step tokens/s at
-             2 layers, mixed  |  float32 (tests/benchmarks/bench_real_shape.py, ~15 min here)
+             weights): XLA's memory of one compiled SFT step (24 layers, 8 rows x 256 tokens) in float32,
+             mixed precision and mixed with LoRA rank 8, under each train.remat policy  |  the analytic
+             floor (weights, grads, AdamW moments, compute copy, LoRA's frozen base, remat activations,
+             one logits chunk); SFT step tokens/s at 2 layers, mixed  |  float32, LoRA  |  mixed
+             (tests/benchmarks/bench_real_shape.py, ~15 min here)
   service    (only with `--only service`) the learner service's admission: groups/s admitted (QUEUED)
              and acks/s (DUPLICATE re-sends) over one loopback StreamGroups call, per wall second and
              per second of the server's CPU time  |  the same with the service code of the commit
@@ -336,8 +337,11 @@ def table(results: dict) -> list[tuple[str, float | None, float | None, str]]:
         rows += [(f"learner: step memory at Qwen2.5-0.5B shape ({layers} layers, {rows_}x{seq}), {name} vs floor",
                   row["step_bytes"] / 2**30, row["floor_bytes"] / 2**30, "GiB") for name, row in real["memory"].items()]
         speed = real["speed"]
-        rows.append((f"learner: SFT step tok/s at real widths ({real['sizes']['speed_layers']} layers), mixed vs "
-                     "float32", speed["mixed"]["tokens_per_s"], speed["float32"]["tokens_per_s"], "tok/s"))
+        widths = f"learner: SFT step tok/s at real widths ({real['sizes']['speed_layers']} layers)"
+        rows.append((f"{widths}, mixed vs float32", speed["mixed"]["tokens_per_s"], speed["float32"]["tokens_per_s"],
+                     "tok/s"))
+        rows += [(f"{widths}, {name} vs mixed", row["tokens_per_s"], speed["mixed"]["tokens_per_s"], "tok/s")
+                 for name, row in speed.items() if "LoRA" in name]
     for name, runs in (loop or {}).items():
         a, s = runs["async"], runs["sync"]
         rows += [(f"end to end ({name}): RL steps/min, async vs sync", a["steps_per_min"], s["steps_per_min"],

@@ -83,8 +83,11 @@ class ModelConfig(Section):
                                "update below half a bf16 ulp of its weight (most of them at lr <= 1e-5)")
     lora: LoraConfig | None = Field(None, description="train LoRA adapters instead of every weight "
                                                       "(models.peft.LoraConfig: rank, alpha, dropout, targets): "
-                                                      "the base stays frozen in dtype, weight versions are the "
-                                                      "adapters only; null: full fine-tuning")
+                                                      "the base stays frozen in dtype, the adapters' master and "
+                                                      "AdamW in param_dtype, weight versions are the adapters "
+                                                      "only, runs export hf_final (merged) and adapter_final "
+                                                      "(PEFT); e.g. {rank: 16} with ~10x the full learning "
+                                                      "rate (docs/demo.md); null: full fine-tuning")
 
 
 class DataConfig(ChatFormat):

@@ -18,6 +18,7 @@ stage's run dir gets curves.png; the demo's run dir gets demo.png and demo_resul
     python launch/demo.py --seed 1             # another seed: data, initial weights, sampling
     python launch/demo.py --quick              # a few steps per stage: checks the plumbing only
     python launch/demo.py rl.train.steps=200   # per-stage overrides: <stage>.<key>=<value>
+    python launch/demo.py rl.model.lora.rank=16 rl.optim.learning_rate=3e-3   # RL with LoRA (docs/lora.md)
 """
 
 import argparse

@@ -29,7 +29,7 @@ from launch.prompts import chat_prompt_rows
 from launch.rollout_side import fleet_enrollment_key, open_rollout_side
 from launch.run import Run
 from launch.supervisor import FleetSupervisor
-from launch.trainer import build_trainer
+from launch.trainer import build_trainer, export_final
 from learner.checkpoint import Checkpointer
 from learner.mesh import is_leader
 from learner.metrics import MetricsWriter, StepCallback
@@ -106,12 +106,13 @@ def run_rl_follower(run: Run, tokenizer) -> dict[str, Any]:
     with closing(loop.checkpointer):
         loop.start()
         loop.run()
-    loop.trainer.export_hf(run.run_dir / "hf_final", tokenizer_dir=run.model_dir)
+    export_final(run, loop.trainer)
     return {"mode": "rl", "steps": loop.step, "weight_version": loop.version}
 
 
 def run_rl_mode(run: Run) -> dict[str, Any]:
-    """Train `train.steps` RL steps with the actors on Ray, export hf_final and evaluate it; returns the
+    """Train `train.steps` RL steps with the actors on Ray, export hf_final (and adapter_final with LoRA) and
+    evaluate hf_final; returns the
     summary (accounting, evals, actor, reward and supervisor stats, guard events). Multi-host, process 0
     runs all of this and the other processes `run_rl_follower`."""
     config = run.config
@@ -148,9 +149,10 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
 
         accounting = loop.run(on_step=on_step)
         actor_stats = ray.get(rollout_side.fleet.stats.remote())
-    hf_dir = loop.trainer.export_hf(run.run_dir / "hf_final", tokenizer_dir=run.model_dir)
+    exports = export_final(run, loop.trainer)
+    hf_dir = exports["hf_final"]
     summary: dict[str, Any] = {
-        "mode": "rl", "steps": loop.step, "weight_version": loop.version, "hf_final": str(hf_dir),
+        "mode": "rl", "steps": loop.step, "weight_version": loop.version, **{k: str(v) for k, v in exports.items()},
         "accounting": accounting, "accounting_violations": balance_violations(accounting), "evals": evals,
         "reward_stats": asdict(rollout_side.reward_stats), "supervisor": supervisor.report.as_dict(),
         "actors": {actor_id: asdict(stats) for actor_id, stats in actor_stats.items()},

@@ -7,7 +7,8 @@
 
 Each writes under `run_dir`: checkpoints/ (orbax; a rerun resumes), tb/ (TensorBoard + metrics.jsonl),
 hf_final/ (an HF model dir vLLM and transformers load; rl also hf_best/, the best held-out greedy
-pass@1 seen at an eval) and summary.json (final numbers). The modes live in launch/supervised_mode.py,
+pass@1 seen at an eval; with model.lora both hold the merged weights, and adapter_final/ the PEFT
+adapter over model.path) and summary.json (final numbers). The modes live in launch/supervised_mode.py,
 launch/rl_mode.py and launch/evaluation.py; launch/run.py prepares the run they share.
 """
 
@@ -25,8 +26,8 @@ from launch.run import Mode, Run, parse_config, prepare, setup_process
 from launch.supervised_mode import run_supervised_mode
 from learner.mesh import init_distributed, is_leader
 
-SHOWN = ("mode", "steps", "model", "hf_final", "eval", "handoff", "accounting", "accounting_violations", "learner",
-         "guard", "stale")
+SHOWN = ("mode", "steps", "model", "hf_final", "adapter_final", "eval", "handoff", "accounting",
+         "accounting_violations", "learner", "guard", "stale")
 
 
 def run_mode(run: Run, mode: Mode) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from launch.console import Progress
 from launch.evaluation import evaluate_dir, make_evaluator, periodic_evals
 from launch.plots import plot_run
 from launch.run import Mode, Run
-from launch.trainer import build_trainer
+from launch.trainer import build_trainer, export_final
 from learner.algo.train_step import Trainer
 from learner.chat_format import ChatFormat
 from learner.checkpoint import Checkpointer
@@ -25,8 +25,9 @@ from learner.supervised_loop import run_supervised
 
 
 def run_supervised_mode(run: Run, mode: Mode) -> dict[str, Any]:
-    """Train `train.steps` steps (resuming from the newest checkpoint), export hf_final, evaluate it;
-    returns the summary (with train.eval_every: every evaluation; with train.handoff: the step chosen)."""
+    """Train `train.steps` steps (resuming from the newest checkpoint), export hf_final (and adapter_final with
+    LoRA), evaluate hf_final; returns the summary (with train.eval_every: every evaluation; with
+    train.handoff: the step chosen)."""
     config = run.config
     tokenizer = AutoTokenizer.from_pretrained(run.model_dir)
     trainer = build_trainer(run)
@@ -53,8 +54,9 @@ def run_supervised_mode(run: Run, mode: Mode) -> dict[str, Any]:
                 progress(step, metrics)
 
         run_supervised(trainer, batches, checkpointer, writer, steps=config.train.steps, on_step=on_step)
-    hf_dir = trainer.export_hf(run.run_dir / "hf_final", tokenizer_dir=run.model_dir)
-    summary: dict[str, Any] = {"mode": mode, "steps": config.train.steps, "hf_final": str(hf_dir)}
+    exports = export_final(run, trainer)
+    hf_dir = exports["hf_final"]
+    summary: dict[str, Any] = {"mode": mode, "steps": config.train.steps, **{k: str(v) for k, v in exports.items()}}
     if not leader:
         return summary
     if evals:

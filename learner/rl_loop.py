@@ -138,12 +138,15 @@ class RLLoop:
         return bound
 
     def _publish(self) -> None:
-        """Export the current weights as `self.version` (every process gathers, process 0 serves them)."""
-        tensors = self.trainer.hf_tensors()
+        """Export the current weights as `self.version` (every process gathers, process 0 serves them): with
+        LoRA an adapter version (the adapters alone, in PEFT's names), else the full weights."""
+        lora = self.trainer.lora
+        tensors = self.trainer.hf_tensors() if lora is None else self.trainer.adapter_tensors()
         if self.service is None:
             deque(tensors, maxlen=0)  # take part in the gathers; only process 0 keeps the tensors
         else:
-            self.service.publish_weights(self.version, tensors)
+            adapter = None if lora is None else self.trainer.adapter_config()
+            self.service.publish_weights(self.version, tensors, adapter=adapter)
 
     def run(self, on_step: StepCallback | None = None) -> dict[str, Any]:
         """Train until `config.train.steps` (or the guard stops it); returns the final accounting."""

@@ -5,6 +5,9 @@
     logits = unembed(loaded.model, hidden[:, :64])        # chunk by chunk, never [B, T, V] at once
     for name, array in export_hf_tensors(loaded): ...     # HF names/layout, for vLLM
     save_hf_dir(loaded, out_dir, tokenizer_dir=hf_dir)    # a dir transformers and vLLM load
+
+With LoRA (models.lora.apply_lora) the HF export is the merged weights W + (alpha/r)·B·A, and the
+adapters alone export in PEFT's names and layout (`export_adapter_tensors`, `save_adapter_dir`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from tunix.models import safetensors_loader
 
 from models.families import family_of, hf_param_shapes, is_tied
 from models.hf_mapping import TensorRule, tensor_rules, to_hf_layout
+from models.lora import AdapterRule, adapter_rules, merged_kernel, peft_layout
+from models.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoraConfig, adapter_config, peft_name
 from models.tunix_families import KEY_MAPPINGS, MODEL_CLASSES, tunix_config
 
 MESH_AXES = ("fsdp", "tp")
@@ -45,16 +50,22 @@ EXPORT_PREFETCH = 4
 
 @dataclass
 class LoadedModel:
-    """A tunix model built from a HF dir, with the configs it came from."""
+    """A tunix model built from a HF dir, with the configs it came from (and its LoRA, if applied)."""
 
     model: nnx.Module
     family: str
     hf_config: dict
     config: Any  # the tunix ModelConfig
+    hf_dir: Path | None = None  # the dir it was loaded from: the base of its adapters
+    lora: LoraConfig | None = None  # set by models.lora.apply_lora
 
     def tensor_rules(self) -> list[TensorRule]:
         """HF name, tunix path and layout of every exported tensor."""
         return tensor_rules(self.hf_config, self.config, KEY_MAPPINGS[self.family])
+
+    def adapter_rules(self) -> list[AdapterRule]:
+        """The projections its LoRA adapts (none without LoRA)."""
+        return [] if self.lora is None else adapter_rules(self.tensor_rules(), self.lora)
 
 
 def _dtype(name: str) -> Any:
@@ -122,7 +133,7 @@ def load_model(hf_dir: Path, *, mesh: jax.sharding.Mesh | None = None,
                 if not isinstance(value.get_value(), jax.Array)]
     if unloaded:
         raise ValueError(f"{hf_dir}: no tensor was loaded for {unloaded[:5]}")
-    return LoadedModel(model=model, family=family, hf_config=hf_config, config=config)
+    return LoadedModel(model=model, family=family, hf_config=hf_config, config=config, hf_dir=hf_dir.absolute())
 
 
 def positions_and_segments(attention_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -156,35 +167,87 @@ def _hf_layout_on_device(value: jax.Array, hf_shape: tuple[int, ...], transposed
     return to_hf_layout(value.astype(dtype), hf_shape, transposed)
 
 
-def export_hf_tensors(loaded: LoadedModel, dtype: str | None = None) -> Iterator[tuple[str, np.ndarray]]:
-    """(HF name, host array in HF layout, C-contiguous) for every tensor of the family, in
-    `hf_param_shapes` order, optionally cast to dtype.
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _merged_hf_layout_on_device(kernel: jax.Array, a: jax.Array, b: jax.Array, hf_shape: tuple[int, ...],
+                                dtype: Any, scale: float) -> jax.Array:
+    return to_hf_layout(merged_kernel(kernel, a, b, scale).astype(dtype), hf_shape, True)
 
-    Cast and layout change run on the device, EXPORT_PREFETCH tensors ahead of the consumer, with
-    their host copies started asynchronously. Only reshapes, transposes and (if asked) a cast:
-    a round trip at the loaded dtype is bit-exact. Arrays may be read-only views.
 
-    With parameters sharded over several processes every process must iterate this in step (each
-    tensor is all-gathered, one at a time, so no host holds more than one extra tensor at once).
-    """
-    target = None if dtype is None else _dtype(dtype)
-    flat = nnx.to_flat_state(nnx.state(loaded.model, nnx.Param))
-    params = {".".join(map(str, path)): var for path, var in flat}
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _peft_layout_on_device(value: jax.Array, matrix: str, features: int, dtype: Any) -> jax.Array:
+    return peft_layout(value.astype(dtype), matrix, features)
+
+
+def _to_host(named: Iterator[tuple[str, jax.Array]]) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, host array) of each (name, device array), in order: EXPORT_PREFETCH copies in flight ahead of
+    the consumer; an array other processes hold shards of is all-gathered at once (every process in step)."""
     in_flight: collections.deque[tuple[str, jax.Array]] = collections.deque()
-    for rule in loaded.tensor_rules():
-        value = params[rule.tunix_path].get_value()
-        out = _hf_layout_on_device(value, rule.hf_shape, rule.transposed, target or value.dtype)
+    for name, out in named:
         if not out.is_fully_addressable:  # another process holds shards of it: gather now, in step
-            yield rule.hf_name, np.asarray(multihost_utils.process_allgather(out, tiled=True))
+            yield name, np.asarray(multihost_utils.process_allgather(out, tiled=True))
             continue
         out.copy_to_host_async()
-        in_flight.append((rule.hf_name, out))
+        in_flight.append((name, out))
         if len(in_flight) > EXPORT_PREFETCH:
             name, array = in_flight.popleft()
             yield name, np.asarray(jax.device_get(array))
     while in_flight:
         name, array = in_flight.popleft()
         yield name, np.asarray(jax.device_get(array))
+
+
+def _params(loaded: LoadedModel) -> dict[str, Any]:
+    """The model's parameters (adapters included) by "."-joined tunix path."""
+    return {".".join(map(str, path)): var.get_value()
+            for path, var in nnx.to_flat_state(nnx.state(loaded.model, nnx.Param))}
+
+
+def export_hf_tensors(loaded: LoadedModel, dtype: str | None = None) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF name, host array in HF layout, C-contiguous) for every tensor of the family, in
+    `hf_param_shapes` order, optionally cast to dtype (default: each tensor's own). With LoRA, an adapted
+    kernel exports merged: W + (alpha/r)·B·A, summed in float32.
+
+    Cast, merge and layout change run on the device, EXPORT_PREFETCH tensors ahead of the consumer, with
+    their host copies started asynchronously. Without adapters only reshapes, transposes and (if asked) a
+    cast: a round trip at the loaded dtype is bit-exact. Arrays may be read-only views.
+
+    With parameters sharded over several processes every process must iterate this in step (each
+    tensor is all-gathered, one at a time, so no host holds more than one extra tensor at once).
+    """
+    target = None if dtype is None else _dtype(dtype)
+    params = _params(loaded)
+    adapted = {rule.kernel_path: rule for rule in loaded.adapter_rules()}
+
+    def on_device() -> Iterator[tuple[str, jax.Array]]:
+        for rule in loaded.tensor_rules():
+            value = params[rule.tunix_path]
+            if (adapter := adapted.get(rule.tunix_path)) is None:
+                yield rule.hf_name, _hf_layout_on_device(value, rule.hf_shape, rule.transposed, target or value.dtype)
+            else:
+                yield rule.hf_name, _merged_hf_layout_on_device(
+                    value, params[adapter.a_path], params[adapter.b_path], rule.hf_shape, target or value.dtype,
+                    loaded.lora.scale)
+
+    return _to_host(on_device())
+
+
+def export_adapter_tensors(loaded: LoadedModel, dtype: str | None = None) -> Iterator[tuple[str, np.ndarray]]:
+    """(PEFT name, host array) of every adapter of a LoRA model (models.peft.adapter_shapes' names, A [r, in],
+    B [out, r]), in HF module order, optionally cast to dtype; every process in step, as export_hf_tensors."""
+    if loaded.lora is None:
+        raise ValueError("the model has no LoRA adapters (models.lora.apply_lora)")
+    target = None if dtype is None else _dtype(dtype)
+    params = _params(loaded)
+
+    def on_device() -> Iterator[tuple[str, jax.Array]]:
+        for rule in loaded.adapter_rules():
+            for matrix, path, features in (("A", rule.a_path, rule.in_features),
+                                           ("B", rule.b_path, rule.out_features)):
+                value = params[path]
+                yield peft_name(rule.hf_module, matrix), _peft_layout_on_device(value, matrix, features,
+                                                                               target or value.dtype)
+
+    return _to_host(on_device())
 
 
 def _replace_atomically(path: Path, write: Any) -> None:
@@ -242,4 +305,17 @@ def save_hf_dir(loaded: LoadedModel, out_dir: Path, *, tokenizer_dir: Path,
     for src in tokenizer_files:
         if src.resolve() != (out_dir / src.name).resolve():
             _replace_atomically(out_dir / src.name, lambda p, s=src: shutil.copyfile(s, p))
+    return out_dir
+
+
+def save_adapter_dir(loaded: LoadedModel, out_dir: Path, *, dtype: str | None = None) -> Path:
+    """Write a LoRA model's adapters as a PEFT dir (adapter_config.json naming `loaded.hf_dir` as the base,
+    adapter_model.safetensors) that peft + transformers and vLLM load over that base. Process 0 only:
+    multi-host, the others iterate export_adapter_tensors in step."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = dict(export_adapter_tensors(loaded, dtype))
+    _replace_atomically(out_dir / ADAPTER_WEIGHTS, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
+    config = adapter_config(loaded.lora, str(loaded.hf_dir or ""))
+    _replace_atomically(out_dir / ADAPTER_CONFIG, lambda p: p.write_text(json.dumps(config, indent=2)))
     return out_dir

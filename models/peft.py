@@ -33,7 +33,9 @@ class LoraConfig(BaseModel):
 
     rank: int = Field(8, ge=1, description="r: the adapters' inner dimension")
     alpha: float = Field(16.0, gt=0, description="the update is scaled by alpha / rank")
-    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input while training")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input while training; the "
+                                                          "learner takes 0 only (qwix would drop on every forward, "
+                                                          "the π_old and reference passes too)")
     targets: tuple[str, ...] = Field(TARGETS, description=f"linear layers that get an adapter, of {TARGETS}")
 
     @model_validator(mode="after")

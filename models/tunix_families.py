@@ -193,7 +193,13 @@ def _layer_runner(layer_fn: Callable, policy: str) -> Callable:
     """`layer_fn`, under nnx.remat with the named policy unless it is "none"."""
     if policy not in REMAT_POLICIES:
         raise ValueError(f"remat policy must be one of {tuple(REMAT_POLICIES)}, got {policy!r}")
-    return layer_fn if policy == "none" else nnx.remat(layer_fn, policy=REMAT_POLICIES[policy])
+    if policy == "none":
+        return layer_fn
+    # graph_updates=False: nothing a layer's forward sets on its modules flows back out of the remat. qwix's
+    # LoRA (models/lora.py) records each einsum's LoRA equation on its module in every forward, and
+    # propagating that update under jit(grad(...)) fails (flax: "Cannot mutate Param from a different trace
+    # level"); the forward itself changes no state, so nothing is lost.
+    return nnx.remat(layer_fn, policy=REMAT_POLICIES[policy], graph_updates=False)
 
 
 class _HiddenAndUnembed:

@@ -113,6 +113,42 @@ def stop_fleet(pool, fleet) -> dict[str, ActorStats | NoAnswer]:
     return stats
 
 
+@dataclasses.dataclass
+class FleetRun:
+    """What `run_with_fleet` returns: the loop, its final accounting, each step's metrics and StepLog entry,
+    and the actors' last stats."""
+
+    loop: object  # learner.rl_loop.RLLoop
+    accounting: dict
+    metrics: dict[int, dict[str, float]]
+    entries: list[dict]
+    stats: dict
+
+
+def run_with_fleet(run, num_actors: int, ready=None) -> FleetRun:
+    """Train the run to its end with its learner and a fleet of `num_actors` actors (after `ready(loop)`
+    returns, when given), then stop the fleet, the service and the checkpointer."""
+    loop = build_learner(run)
+    address = loop.start()
+    pool, fleet = start_fleet(run, address, num_actors)
+    metrics: dict[int, dict[str, float]] = {}
+    log = StepLog(loop)
+
+    def on_step(step: int, values: dict[str, float]) -> None:
+        metrics[step] = dict(values)
+        log(step, values)
+
+    try:
+        if ready is not None:
+            ready(loop)
+        accounting = loop.run(on_step=on_step)
+    finally:
+        stats = stop_fleet(pool, fleet)
+        loop.service.stop()
+        loop.checkpointer.close()
+    return FleetRun(loop, accounting, metrics, log.entries, stats)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -14,15 +14,7 @@ so the learner sends each version once, and the relay keeps the steady state sta
 from __future__ import annotations
 
 import pytest
-from reliability_helpers import (
-    StepLog,
-    build_learner,
-    check_run,
-    final_history,
-    start_fleet,
-    stop_fleet,
-    tiny_run,
-)
+from reliability_helpers import check_run, final_history, run_with_fleet, tiny_run
 from wire_helpers import wait_until
 
 pytestmark = pytest.mark.slow  # Ray and vLLM actors
@@ -36,27 +28,13 @@ def test_two_async_actors_rarely_drop_a_stale_group_and_train_within_eta_version
     run = tiny_run(tmp_path / "run", steps=STEPS, checkpoint_every=STEPS,
                    overrides=[f"rollout.max_staleness={MAX_STALENESS}", "rollout.lease_seconds=60",
                               "server.weight_shared_memory=false"])
-    loop = build_learner(run)
-    address = loop.start()
-    pool, fleet = start_fleet(run, address, num_actors=2)
     # steady state is both actors at work: wait until both registered (on a loaded machine one engine may
     # start tens of seconds after the other, and the first did all 30 steps alone; seen in CI)
-    wait_until(lambda: len(loop.service.actors_status()) == 2, 300.0, "both actors registered")
-    metrics: dict[int, dict[str, float]] = {}
-    log = StepLog(loop)
+    done = run_with_fleet(run, num_actors=2, ready=lambda loop: wait_until(
+        lambda: len(loop.service.actors_status()) == 2, 300.0, "both actors registered"))
+    loop, accounting, metrics, stats = done.loop, done.accounting, done.metrics, done.stats
 
-    def on_step(step: int, values: dict[str, float]) -> None:
-        metrics[step] = dict(values)
-        log(step, values)
-
-    try:
-        accounting = loop.run(on_step=on_step)
-    finally:
-        stats = stop_fleet(pool, fleet)
-        loop.service.stop()
-        loop.checkpointer.close()
-
-    check_run(accounting, final_history(log.entries), STEPS)
+    check_run(accounting, final_history(done.entries), STEPS)
     # A stale drop loses nothing (its prompt is leased again and trained: check_run counts every prompt
     # once) but wastes a group. The lease budget makes drops rare, not impossible: a group one actor leased
     # can be overtaken by groups its peer leased later and delivered first, and nothing orders arrivals
@@ -64,7 +42,7 @@ def test_two_async_actors_rarely_drop_a_stale_group_and_train_within_eta_version
     # a loaded 2-core machine 0 in most runs, 4 (actor-1's first groups) and 1 (version 25) in two.
     stale = loop.service.stale_report()
     assert accounting["groups_stale"] <= MAX_STALE_FRACTION * accounting["groups_consumed"], stale
-    assert len({g[1] for entry in log.entries for g in entry["groups"]}) == 2, "one actor did all the work"
+    assert len({g[1] for entry in done.entries for g in entry["groups"]}) == 2, "one actor did all the work"
     for step, values in metrics.items():
         histogram = {int(k.split("/")[1]): v for k, v in values.items() if k.startswith("staleness_groups/")}
         assert sum(histogram.values()) == values["num_groups"], (step, histogram)

@@ -304,7 +304,7 @@ def _loss_and_grads(trainer, batch):
         arrays = shard_rows(trainer.mesh, batch._asdict())
         norm = trainer._normalizer(arrays, "rl")
         (loss, (metrics, _)), grads = jax.value_and_grad(trainer._rl_loss, has_aux=True)(
-            trainer.state.params, arrays, norm, None, given_old=False)
+            trainer.state.params, arrays, norm, None, trainer._frozen, given_old=False)
         return float(loss), metrics, [np.asarray(g) for g in jax.tree.leaves(grads)]
 
 

@@ -12,6 +12,12 @@ the cast to the float32 master and the update is applied there. Updates far belo
 their weight (lr 1e-6 on weights of ~0.02) therefore accumulate instead of being rounded away.
 Exports (actors, HF dirs) are cast to the compute dtype.
 
+LoRA (a model from models.lora.apply_lora): the state's params, their master dtype and AdamW's moments are
+the adapters only. The base is frozen: cast once to the compute dtype at construction and passed to each
+step beside the state (not donated, not differentiated, not in the optimizer or the checkpoint).
+`hf_tensors` / `export_hf` give the merged weights W + (alpha/r)·B·A, `adapter_tensors` / `export_adapter`
+the adapters in PEFT's names and layout.
+
 - rl:       learner.algo.losses.rl_loss (a policy loss plug-in, an off-policy correction, an aggregation) on
             packed rows (several sequences a row, learner.algo.rl_batch), logprobs by chunked unembedding;
             optional frozen reference (the initial policy) when β > 0. A batch's first update returns its
@@ -29,6 +35,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -47,15 +54,26 @@ from learner.data import TokenBatch
 from learner.mesh import BATCH_AXIS, is_leader, row_sharding, shard_rows
 from learner.metrics import Throughput, to_host
 from models.attention import describe
-from models.jax_model import DTYPES, LoadedModel, export_hf_tensors, save_hf_dir
+from models.jax_model import (
+    DTYPES,
+    LoadedModel,
+    export_adapter_tensors,
+    export_hf_tensors,
+    save_adapter_dir,
+    save_hf_dir,
+)
+from models.peft import LoraConfig, adapter_config
 
 log = logging.getLogger(__name__)
 
 Batch = dict[str, jax.Array]
 SKIPPED: dict[str, float] = {"update_skipped": 1.0}  # the metrics of a step that made no update
-# (params, micro-batch, global normaliser, frozen reference params or None) -> (loss, (metrics, per-token
-# logprobs of the micro-batch's targets, or an empty array where the mode does not need them))
-LossFn = Callable[[nnx.State, Batch, Normalizer, nnx.State | None],
+# The frozen base of a LoRA model, (state,), or () when every weight trains: what nnx.merge takes after the
+# trainable params.
+Frozen = tuple[nnx.State, ...]
+# (params, micro-batch, global normaliser, frozen reference params or None, frozen base) -> (loss, (metrics,
+# per-token logprobs of the micro-batch's targets, or an empty array where the mode does not need them))
+LossFn = Callable[[nnx.State, Batch, Normalizer, nnx.State | None, Frozen],
                   tuple[jax.Array, tuple[dict[str, jax.Array], jax.Array]]]
 # Quantiles of the ratio ρ = π_old / π_behaviour over a batch's loss tokens, logged every rl step
 RATIO_QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
@@ -97,7 +115,8 @@ class Trainer:
     coordinate, for ~1/(1−β1) steps of momentum), which is how sparse-reward runs collapse.
 
     Args:
-      loaded, mesh: the policy, already placed on `mesh` (models.jax_model.load_model(..., mesh=mesh)).
+      loaded, mesh: the policy, already placed on `mesh` (models.jax_model.load_model(..., mesh=mesh)); with
+        LoRA (models.lora.apply_lora) only its adapters train.
       loss: RL loss settings. β > 0 keeps a frozen copy of `loaded`'s weights as the KL reference, so a
         resumed run must load the same initial model dir before restoring its checkpoint.
       micro_batches: gradient-accumulation factor; the batch's rows must divide by it.
@@ -113,7 +132,7 @@ class Trainer:
       attention: attention implementation (models.attention.IMPLEMENTATIONS; auto picks by backend).
       float32_logits: with a compute dtype, unembed and log-softmax in float32 on the float32 master
         head (the hidden states cast to float32), not in the compute dtype. The KL reference keeps the
-        compute dtype.
+        compute dtype. Not with LoRA, which keeps no float32 head.
       seed: the state's rng key.
       skip_no_signal: skip rl steps whose advantages are all zero (with β > 0 the KL term alone would
         still move the policy toward the reference; such steps are skipped too).
@@ -133,11 +152,13 @@ class Trainer:
         self.skip_no_signal = skip_no_signal
         self.compute_dtype = compute_dtype
         self.float32_logits = float32_logits and compute_dtype not in (None, "float32")
+        if loaded.lora is not None and self.float32_logits:
+            raise ValueError("train.float32_logits needs the float32 master head, which LoRA does not keep")
         # static attributes: part of the graph definition
         loaded.model.remat_policy, loaded.model.attention_impl = remat, attention
         log.info("%s; remat %s; logits in %s", describe(attention), remat,
                  "float32" if self.float32_logits else compute_dtype or "the params' dtype")
-        self._graphdef, params, self._rest = nnx.split(loaded.model, nnx.Param, ...)
+        self._graphdef, params, self._frozen, self._rest = self._split()
         self._tx = make_optimizer(optimizer)
         self._schedule = make_schedule(optimizer)
         with jax.set_mesh(mesh):
@@ -152,6 +173,19 @@ class Trainer:
         self._policy_loss = resolve_policy_loss(self.loss_config)
         self._steps: dict[str, Callable] = {}
         self.last_logps: jax.Array | None = None  # the last rl update's pre-update logprobs [B, T − 1]
+
+    def _split(self) -> tuple[nnx.GraphDef, nnx.State, Frozen, nnx.State]:
+        """Graph definition, trainable params, frozen base and the rest of the model. With LoRA the base is
+        cast to the compute dtype here, once, and the model keeps only that copy."""
+        if self.loaded.lora is None:
+            graphdef, params, rest = nnx.split(self.loaded.model, nnx.Param, ...)
+            return graphdef, params, (), rest
+        graphdef, adapters, base, rest = nnx.split(self.loaded.model, nnx.LoRAParam, nnx.Param, ...)
+        if self.compute_dtype is not None:
+            with jax.set_mesh(self.mesh):
+                base = jax.jit(functools.partial(cast_floating, dtype=DTYPES[self.compute_dtype]))(base)
+            nnx.update(self.loaded.model, base)
+        return graphdef, adapters, (base,), rest
 
     # -- public steps --------------------------------------------------------------------------
 
@@ -190,7 +224,7 @@ class Trainer:
         step runs: it only reads the state's shapes and shardings."""
         with jax.set_mesh(self.mesh):
             batch = shard_rows(self.mesh, empty_rl_batch(rows, length)._asdict())
-            self._step("rl").lower(self.state, batch, self._reference).compile()
+            self._lowered("rl", batch).compile()
             token = jax.ShapeDtypeStruct((rows, length - 1), jnp.float32, sharding=row_sharding(self.mesh))
             ratio_quantiles.lower(token, token, token).compile()
 
@@ -199,23 +233,50 @@ class Trainer:
 
     pretrain_step = sft_step  # same loss; a pretrain batch's loss_mask covers every token
 
+    def compiled_memory(self, kind: str, arrays: Mapping[str, np.ndarray]) -> jax.stages.CompiledMemoryStats:
+        """XLA's memory analysis of the compiled `kind` step ("rl" or "ce") on host `arrays` (compiled, not run)."""
+        with jax.set_mesh(self.mesh):
+            return self._lowered(kind, shard_rows(self.mesh, dict(arrays))).compile().memory_analysis()
+
+    @property
+    def lora(self) -> LoraConfig | None:
+        """The LoRA being trained, None when every weight trains."""
+        return self.loaded.lora
+
     @property
     def model(self) -> nnx.Module:
         """The model with the current parameters (re-bound each time: steps donate the old buffers)."""
         return self._bound().model
 
     def hf_tensors(self, dtype: str | None = None) -> Iterator[tuple[str, np.ndarray]]:
-        """Current weights as HF-named host tensors (for publishing to the actors), in `dtype`
-        (default: the compute dtype)."""
+        """Current weights as HF-named host tensors (for publishing to the actors, the evaluator), in `dtype`
+        (default: the compute dtype); with LoRA the merged weights W + (alpha/r)·B·A."""
         return export_hf_tensors(self._bound(), dtype or self.compute_dtype)
 
     def export_hf(self, out_dir: Path, *, tokenizer_dir: Path, dtype: str | None = None) -> Path:
-        """Write the current weights as a HF model dir (vLLM / transformers load it). Multi-host: every
-        process calls it (the tensors are gathered), process 0 writes."""
+        """Write the current weights as a HF model dir (vLLM / transformers load it; merged with LoRA).
+        Multi-host: every process calls it (the tensors are gathered), process 0 writes."""
         if not is_leader():
             deque(self.hf_tensors(dtype), maxlen=0)
             return Path(out_dir)
         return save_hf_dir(self._bound(), out_dir, tokenizer_dir=tokenizer_dir, dtype=dtype or self.compute_dtype)
+
+    def adapter_tensors(self, dtype: str | None = None) -> Iterator[tuple[str, np.ndarray]]:
+        """LoRA: the current adapters as PEFT-named host tensors (models.peft.adapter_shapes: A [r, in],
+        B [out, r]) in `dtype` (default: the compute dtype), for publishing adapter versions."""
+        return export_adapter_tensors(self._bound(), dtype or self.compute_dtype)
+
+    def adapter_config(self) -> dict[str, Any]:
+        """LoRA: the adapters' adapter_config.json (models.peft.adapter_config over the loaded dir)."""
+        return adapter_config(self.lora, str(self.loaded.hf_dir or ""))
+
+    def export_adapter(self, out_dir: Path, *, dtype: str | None = None) -> Path:
+        """LoRA: write the current adapters as a PEFT dir (adapter_config.json naming the loaded dir as the
+        base, adapter_model.safetensors) that peft + transformers and vLLM load. Multi-host as export_hf."""
+        if not is_leader():
+            deque(self.adapter_tensors(dtype), maxlen=0)
+            return Path(out_dir)
+        return save_adapter_dir(self._bound(), out_dir, dtype=dtype or self.compute_dtype)
 
     # -- machinery -----------------------------------------------------------------------------
 
@@ -249,7 +310,7 @@ class Trainer:
         with Throughput() as meter, jax.set_mesh(self.mesh):
             batch = shard_rows(self.mesh, {k: v for k, v in arrays.items() if isinstance(v, np.ndarray)})
             batch.update({k: v for k, v in arrays.items() if not isinstance(v, np.ndarray)})  # already placed
-            self.state, metrics, logps = self._step(kind)(self.state, batch, self._reference)
+            self.state, metrics, logps = self._step(kind)(self.state, batch, self._reference, self._frozen)
             if kind.startswith("rl"):
                 self.last_logps = logps
             metrics = to_host(metrics)
@@ -264,12 +325,15 @@ class Trainer:
                                         donate_argnums=0)
         return self._steps[kind]
 
+    def _lowered(self, kind: str, batch: Batch) -> jax.stages.Lowered:
+        return self._step(kind).lower(self.state, batch, self._reference, self._frozen)
+
     def _normalizer(self, batch: Batch, kind: str) -> Normalizer:
         mask = batch["loss_mask" if kind == "ce" else "completion_mask"][:, 1:]
         return normalizer_for(mask, Sequences.of(batch["segment_ids"][:, 1:]))
 
-    def _update(self, state: TrainState, batch: Batch, reference: nnx.State | None, *, loss_fn: LossFn,
-                kind: str) -> tuple[TrainState, dict[str, jax.Array], jax.Array]:
+    def _update(self, state: TrainState, batch: Batch, reference: nnx.State | None, frozen: Frozen, *,
+                loss_fn: LossFn, kind: str) -> tuple[TrainState, dict[str, jax.Array], jax.Array]:
         norm = self._normalizer(batch, kind)
         k = self._parts(kind, *batch["input_ids"].shape)
         # Micro-batch j takes rows j, j+k, j+2k, ...: each keeps rows spread over all fsdp shards.
@@ -277,11 +341,12 @@ class Trainer:
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
         def accumulate(carry, mb):
-            (loss, (metrics, logps)), grads = grad_fn(state.params, mb, norm, reference)
+            (loss, (metrics, logps)), grads = grad_fn(state.params, mb, norm, reference, frozen)
             return jax.tree.map(jnp.add, carry, ((loss, metrics), grads)), logps
 
         first = jax.tree.map(lambda x: x[0], micro)
-        (loss_shape, (metric_shapes, _)), grad_shapes = jax.eval_shape(grad_fn, state.params, first, norm, reference)
+        (loss_shape, (metric_shapes, _)), grad_shapes = jax.eval_shape(grad_fn, state.params, first, norm, reference,
+                                                                        frozen)
         zeros = jax.tree.map(jnp.zeros_like, ((loss_shape, metric_shapes), grad_shapes))
         ((loss, metrics), grads), logps = jax.lax.scan(accumulate, zeros, micro)
         logps = logps.swapaxes(0, 1).reshape(batch["input_ids"].shape[0], *logps.shape[2:])  # the batch's row order
@@ -293,20 +358,21 @@ class Trainer:
                                step=state.step + 1, rng=state.rng)
         return new_state, metrics, logps
 
-    def _merge(self, params: nnx.State) -> nnx.Module:
-        """The model on `params` cast to the compute dtype (the gradient flows back through the cast)."""
+    def _merge(self, params: nnx.State, frozen: Frozen) -> nnx.Module:
+        """The model on `params` cast to the compute dtype (the gradient flows back through the cast) and the
+        frozen base, if any."""
         if self.compute_dtype is not None:
             params = cast_floating(params, DTYPES[self.compute_dtype])
-        return nnx.merge(self._graphdef, params, self._rest)
+        return nnx.merge(self._graphdef, params, *frozen, self._rest)
 
     def _float32_head(self, params: nnx.State) -> nnx.Module | None:
         """The model on the float32 master `params`, whose head unembeds under float32_logits; else None."""
         return nnx.merge(self._graphdef, params, self._rest) if self.float32_logits else None
 
-    def _rl_loss(self, params: nnx.State, mb: Batch, norm: Normalizer, reference: nnx.State | None, *,
-                 given_old: bool):
+    def _rl_loss(self, params: nnx.State, mb: Batch, norm: Normalizer, reference: nnx.State | None,
+                 frozen: Frozen, *, given_old: bool):
         def logprobs(p: nnx.State, head: nnx.Module | None) -> tuple[jax.Array, jax.Array]:
-            model = self._merge(p)
+            model = self._merge(p, frozen)
             hidden = packed_hidden(model, mb["input_ids"], mb["segment_ids"], mb["positions"])[:, :-1]
             head, hidden = head_and_hidden(model, hidden, head)
             return logprobs_from_hidden(head, hidden, mb["input_ids"][:, 1:], temperature=self.temperature,
@@ -322,10 +388,11 @@ class Trainer:
                                 old_logps=mb["old_logps"] if given_old else None, ref_logps=ref, entropy=entropy)
         return loss, (metrics, jax.lax.stop_gradient(logps))
 
-    def _ce_loss(self, params: nnx.State, mb: Batch, norm: Normalizer, reference: nnx.State | None):
+    def _ce_loss(self, params: nnx.State, mb: Batch, norm: Normalizer, reference: nnx.State | None,
+                 frozen: Frozen):
         del reference  # no KL term in sft / pretrain
-        loss, metrics = masked_cross_entropy(self._merge(params), mb, mb["input_ids"][:, 1:], norm, self.chunk_tokens,
-                                             float32_head=self._float32_head(params))
+        loss, metrics = masked_cross_entropy(self._merge(params, frozen), mb, mb["input_ids"][:, 1:], norm,
+                                             self.chunk_tokens, float32_head=self._float32_head(params))
         return loss, (metrics, jnp.zeros((mb["input_ids"].shape[0], 0), jnp.float32))
 
 
