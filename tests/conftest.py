@@ -64,20 +64,33 @@ def ray_head():
 # cores busy (waits on subprocesses, engines, Ray and timeouts), so a second worker fills the other.
 # Each module stays on one worker (its module-scoped fixtures are built once), and the modules that each
 # hold many GiB (a 151k-vocabulary model, the demo's checkpoints and engines, pairs of learner
-# processes) share one worker, one after another: with modules spread freely, Ray's memory monitor
-# killed the real-shape test's engine (22.5 of 23.5 GiB in use). That group goes first, in this order:
-# it is about half of the suite's time.
-MEMORY_HEAVY = ("test_demo_rl_learns", "test_real_shape", "test_multihost", "test_bench_smoke",
-                "test_learner_long_sequences")
+# processes) share one worker, one after another, first, in this order: about half of the suite's time.
+# The two largest (EXCLUSIVE: 11-17 GiB each) also hold the machine lock exclusively, and every other
+# slow module (engines, Ray actors, long training: 2-5 GiB with their Ray workers) holds it shared, so
+# neither runs beside them: with only the grouping, Ray's memory monitor killed the real-shape test's
+# workers while the other worker ran a LoRA RL test (23.2 of 23.5 GiB in use). The other worker starts
+# with the fast modules, which need no lock, so it rarely waits.
+MEMORY_HEAVY = ("test_real_shape", "test_multihost", "test_learner_long_sequences", "test_bench_smoke",
+                "test_demo_rl_learns")
+EXCLUSIVE = ("test_real_shape", "test_multihost")
 
 
-def _rank(module: str) -> int:
-    return MEMORY_HEAVY.index(module) if module in MEMORY_HEAVY else len(MEMORY_HEAVY)
+def _is_slow(item) -> bool:
+    return item.get_closest_marker("slow") is not None
 
 
 def pytest_collection_modifyitems(config, items):
-    # stable: modules keep their order; `--no-loadscope-reorder` keeps this order of scopes
-    items.sort(key=lambda item: _rank(item.path.stem))
+    """The heavy group first, then the modules without a slow test, then the rest; stable within each
+    (`--no-loadscope-reorder` keeps this order of scopes)."""
+    slow_modules = {item.path for item in items if _is_slow(item)}
+
+    def rank(item) -> tuple[int, int]:
+        module = item.path.stem
+        if module in MEMORY_HEAVY:
+            return MEMORY_HEAVY.index(module), 0
+        return len(MEMORY_HEAVY), int(item.path in slow_modules)
+
+    items.sort(key=rank)
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -91,3 +104,44 @@ def pytest_xdist_make_scheduler(config, log):
             return "memory-heavy" if Path(module).stem in MEMORY_HEAVY else module
 
     return ModuleScheduling(config, log)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def machine_memory_lock(request, testrun_uid, worker_id):
+    """Under xdist: an EXCLUSIVE module holds the run's lock file exclusively, any other module with a
+    slow test holds it shared (flock: released if the worker dies). A serial run takes no lock."""
+    module = request.module.__name__.rsplit(".", 1)[-1]
+    exclusive = module in EXCLUSIVE
+    slow = any(_is_slow(item) for item in request.session.items if item.path == request.path)
+    if worker_id == "master" or not (exclusive or slow):
+        yield
+        return
+    import fcntl
+
+    with open(Path(tempfile.gettempdir()) / f"tandem-tests-{testrun_uid}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+
+
+def _rss_gib() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_memory_after_heavy_modules(request):
+    """After a memory-heavy module: drop JAX's caches (compiled steps hold their constants), collect, and
+    hand glibc's free heap back to the OS, so the worker's next modules do not run on top of it."""
+    yield
+    if request.module.__name__.rsplit(".", 1)[-1] not in MEMORY_HEAVY:
+        return
+    import ctypes
+    import gc
+
+    import jax
+
+    before = _rss_gib()
+    jax.clear_caches()
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    sys.stderr.write(f"[memory] {request.module.__name__}: worker RSS {before:.1f} -> {_rss_gib():.1f} GiB\n")
