@@ -63,17 +63,16 @@ def ray_head():
 # `make test` runs the suite on two pytest-xdist workers: a serial run keeps ~1.1 of the machine's 2
 # cores busy (waits on subprocesses, engines, Ray and timeouts), so a second worker fills the other.
 # Each module stays on one worker (its module-scoped fixtures are built once), and the modules that each
-# hold many GiB (the demo's checkpoints and engines, a 151k-vocabulary model, pairs of learner processes)
-# share one worker, one after another, first, in this order: about half of the suite's time.
-# The three largest (EXCLUSIVE) also hold the machine lock exclusively, and every other slow module
-# (engines, Ray actors, long training: 2-5 GiB with their Ray workers) holds it shared, so neither runs
-# beside them: with only the grouping, Ray's memory monitor killed the real-shape test's workers while
-# the other worker ran a LoRA RL test (23.2 of 23.5 GiB in use), and the demo's RL stage, beside other
-# engines and learners, took 985 s where it takes ~200 s alone (a clean clone's CI, e69bfc2). The other
-# worker starts with the fast modules, which need no lock, so it rarely waits.
-MEMORY_HEAVY = ("test_demo_rl_learns", "test_real_shape", "test_multihost", "test_learner_long_sequences",
-                "test_bench_smoke")
-EXCLUSIVE = ("test_demo_rl_learns", "test_real_shape", "test_multihost")
+# hold many GiB (a 151k-vocabulary model, the demo's checkpoints and engines, pairs of learner
+# processes) share one worker, one after another, first, in this order: about half of the suite's time.
+# The two largest (EXCLUSIVE: 11-17 GiB each) also hold the machine lock exclusively, and every other
+# slow module (engines, Ray actors, long training: 2-5 GiB with their Ray workers) holds it shared, so
+# neither runs beside them: with only the grouping, Ray's memory monitor killed the real-shape test's
+# workers while the other worker ran a LoRA RL test (23.2 of 23.5 GiB in use). The other worker starts
+# with the fast modules, which need no lock, so it rarely waits.
+MEMORY_HEAVY = ("test_real_shape", "test_multihost", "test_learner_long_sequences", "test_bench_smoke",
+                "test_demo_rl_learns")
+EXCLUSIVE = ("test_real_shape", "test_multihost")
 
 
 def _is_slow(item) -> bool:
