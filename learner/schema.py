@@ -294,8 +294,9 @@ class TrainConfig(Section):
                                                            "attention and activations; MaxText's 'minimal'). "
                                                            "true/false mean full/none. Costs: docs/benchmarks.md")
     attention: AttentionImpl = Field("auto", description="attention kernel (models.attention): auto picks "
-                                                         "pallas_gpu on GPUs, splash on TPUs, blockwise "
-                                                         "elsewhere; xla is the einsum reference, whose "
+                                                         "pallas_gpu on GPUs, blockwise elsewhere (TPUs "
+                                                         "too: faster than splash on packed rows, measured); "
+                                                         "xla is the einsum reference, whose "
                                                          "memory grows with the square of the sequence")
     float32_logits: bool = Field(False, description="under mixed precision, unembed and log-softmax in "
                                                     "float32 (the float32 master head on the hidden states "

@@ -17,7 +17,11 @@ Implementations (MaxText's pattern: one attention op, the kernel picked by confi
   pallas_gpu  JAX's Pallas (Triton) flash attention for GPUs, `jax.experimental.pallas.ops.gpu.attention.
               mha`, causal with segment ids (K/V heads repeated for GQA).
   splash      JAX's Pallas splash attention for TPUs (what MaxText runs): causal mask, segment ids, GQA.
-  auto        gpu → pallas_gpu, tpu → splash, anything else → blockwise.
+  auto        gpu → pallas_gpu, anything else → blockwise. On a TPU v5e (bf16, Qwen2.5-0.5B's heads, four
+              packed sequences a row) blockwise took 1.55 / 5.6 ms forward + backward at 3,000 / 16,384
+              tokens against splash's 1.77 / 25.9 ms with 512-token blocks (5.2 / 196 ms with the kernel's
+              default blocks): blockwise skips the blocks between packed sequences, splash's causal mask
+              does not (docs/benchmarks.md), so TPUs get blockwise too.
 A kernel that refuses a shape while tracing falls back to blockwise with a warning. The Pallas kernels
 take `interpret=True`, which runs them on CPU (slowly): the tests check them there.
 
@@ -40,7 +44,7 @@ from models.blockwise_attention import blockwise_attention
 log = logging.getLogger(__name__)
 
 IMPLEMENTATIONS = ("auto", "xla", "blockwise", "pallas_gpu", "splash")
-BY_BACKEND = {"gpu": "pallas_gpu", "cuda": "pallas_gpu", "rocm": "pallas_gpu", "tpu": "splash"}
+BY_BACKEND = {"gpu": "pallas_gpu", "cuda": "pallas_gpu", "rocm": "pallas_gpu"}
 K_MASK = -2.3819763e38  # tunix's masked score (a finite float32 minimum: masked rows stay finite)
 KERNEL_BLOCK = 128  # the Pallas kernels' default block: sequences are padded to a multiple of it
 
@@ -118,7 +122,11 @@ def splash_attention(q, k, v, seg, *, interpret: bool = False) -> jax.Array:
 
     heads, t = q.shape[2], q.shape[1]
     mask = masks.MultiHeadMask([masks.CausalMask((t, t)) for _ in range(heads)])
-    kernel = splash.make_splash_mha(mask, head_shards=1, q_seq_shards=1, interpret=interpret)
+    # the kernel's default blocks (128) ran 7.6x slower at 16,384 tokens on a TPU v5e than 512-token ones
+    block = next(b for b in (512, 256, KERNEL_BLOCK) if t % b == 0)
+    sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                              block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+    kernel = splash.make_splash_mha(mask, head_shards=1, q_seq_shards=1, block_sizes=sizes, interpret=interpret)
 
     def row(q, k, v, s):
         return kernel(q, k, v, segment_ids=splash.SegmentIds(q=s, kv=s))

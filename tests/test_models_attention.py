@@ -121,7 +121,7 @@ def test_bfloat16_forward_and_gradients_within_the_stated_tolerance(impl, kwargs
 
 
 def test_auto_picks_by_backend_and_names_agree_with_the_config():
-    assert resolve("auto", "gpu") == "pallas_gpu" and resolve("auto", "tpu") == "splash"
+    assert resolve("auto", "gpu") == "pallas_gpu" and resolve("auto", "tpu") == "blockwise"
     assert resolve("auto", "cpu") == "blockwise" and resolve("xla", "tpu") == "xla"
     with pytest.raises(ValueError, match="attention must be one of"):
         resolve("cudnn")
