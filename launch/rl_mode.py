@@ -111,9 +111,9 @@ def run_rl_follower(run: Run, tokenizer) -> dict[str, Any]:
 
 
 def run_rl_mode(run: Run) -> dict[str, Any]:
-    """Train `train.steps` RL steps with the actors on Ray, export hf_final (and adapter_final with LoRA) and
-    evaluate hf_final; returns the
-    summary (accounting, evals, actor, reward and supervisor stats, guard events). Multi-host, process 0
+    """Train `train.steps` RL steps (fewer when train.stop_at is met) with the actors on Ray, export
+    hf_final (and adapter_final with LoRA) and evaluate hf_final; returns the summary (accounting, evals,
+    actor, reward and supervisor stats, guard events, where it finished early). Multi-host, process 0
     runs all of this and the other processes `run_rl_follower`."""
     config = run.config
     tokenizer = AutoTokenizer.from_pretrained(run.model_dir)
@@ -146,6 +146,9 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
         def on_step(step: int, metrics: dict[str, float]) -> None:
             evaluate(step, metrics)
             progress(step, metrics)
+            stop_at = config.train.stop_at
+            if stop_at is not None and step in evals and stop_at.met(evals[step], config.train.eval_k):
+                loop.finish_early(f"held-out {stop_at.metric} reached {stop_at.at_least} (train.stop_at)")
 
         accounting = loop.run(on_step=on_step)
         actor_stats = ray.get(rollout_side.fleet.stats.remote())
@@ -158,6 +161,7 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
         "actors": {actor_id: asdict(stats) for actor_id, stats in actor_stats.items()},
         "fleet": {"name": config.rollout.fleet_name, "reattached": rollout_side.attached},
         "learner": loop.counts, "guard": {"events": loop.guard_events, "stopped": loop.stopped_by_guard},
+        "finished_early": loop.finished_early,
         "stale": loop.service.stale_report(),
         "tokens": token_report(accounting, actor_stats),
     }

@@ -27,7 +27,7 @@ from launch.supervised_mode import run_supervised_mode
 from learner.mesh import init_distributed, is_leader
 
 SHOWN = ("mode", "steps", "model", "hf_final", "adapter_final", "eval", "handoff", "accounting",
-         "accounting_violations", "learner", "guard", "stale")
+         "accounting_violations", "learner", "guard", "finished_early", "stale")
 
 
 def run_mode(run: Run, mode: Mode) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
     restore (params, optimizer, step, weight version, the service's exactly-once state)
     start the gRPC service; publish the current weights as the current version
-    repeat until `steps`:
+    repeat until `steps` (or finish_early: train.stop_at met at a held-out evaluation):
         groups  ← service.next_batch(P)            validated, de-duplicated, fresh (≤ max_staleness)
                   (dynamic_sampling='fill': zero-signal groups are retired and counted, their lease
                    slots given back, and more are taken until P groups have signal or
@@ -112,6 +112,7 @@ class RLLoop:
         self.counts = {"updates_skipped": 0, "groups_zero_signal_dropped": 0, "rollbacks": 0}
         self.guard_events: list[dict[str, Any]] = []
         self.stopped_by_guard = ""
+        self.finished_early = ""  # why the run ended before train.steps at a target (finish_early)
         self._detector = JumpDetector(config.train.guard)
         self.advantage = resolve_turn_advantage(trainer.loss_config.advantage)
 
@@ -119,6 +120,11 @@ class RLLoop:
         """Stop waiting for groups: ``run`` raises NoRolloutsError(reason) within seconds. Thread-safe
         (e.g. the fleet supervisor, when every actor slot was given up)."""
         self._abort_reason = reason
+
+    def finish_early(self, reason: str) -> None:
+        """End the run after the current step as if it were the last (checkpointed), e.g. from an
+        on_step callback whose held-out evaluation met train.stop_at."""
+        self.finished_early = f"finished at step {self.step}: {reason}"
 
     def start(self, address: str = "127.0.0.1:0") -> str:
         """Restore the newest checkpoint if any, start serving, publish the current weights."""
@@ -149,7 +155,8 @@ class RLLoop:
             self.service.publish_weights(self.version, tensors, adapter=adapter)
 
     def run(self, on_step: StepCallback | None = None) -> dict[str, Any]:
-        """Train until `config.train.steps` (or the guard stops it); returns the final accounting."""
+        """Train until `config.train.steps` (or the guard stops it, or `finish_early`); returns the final
+        accounting."""
         self._compile_ahead()
         try:
             return self._run(on_step)
@@ -180,6 +187,9 @@ class RLLoop:
             if self.writer is not None:
                 self.writer.write(self.step, metrics)
             if stop:
+                break
+            if self.finished_early:
+                self._checkpoint(force=True)
                 break
         self.checkpointer.wait()
         return {} if self.service is None else self.service.accounting()
@@ -233,9 +243,17 @@ class RLLoop:
             self.version += 1
             self._publish()
             metrics["publish_s"] = time.perf_counter() - started
+        self._checkpoint(force=self.step == self.config.train.steps)
+
+    def _checkpoint(self, force: bool) -> None:
+        """Checkpoint this step if it is due (or `force` and it is not saved yet)."""
+        if force:
+            self.checkpointer.wait()  # a save of this step may still be in flight
+            if self.checkpointer.latest_step() == self.step:
+                return
         service_state = None if self.service is None else self.service.state_dict()  # written by process 0
         self.checkpointer.save(self.step, self.trainer.state, {"service": service_state, "loop": self.counts},
-                               weight_version=self.version, force=self.step == self.config.train.steps)
+                               weight_version=self.version, force=force)
 
     def _guard(self, metrics: dict[str, float]) -> bool:
         """Apply the guard to this step's metrics; True when the run must stop now."""

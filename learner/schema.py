@@ -247,6 +247,21 @@ class HandoffRule(BaseModel):
         return scores["pass@1_greedy"] <= self.max_greedy and scores[f"pass@{k}"] >= self.min_pass_at_k
 
 
+class StopRule(BaseModel):
+    """Early stopping on a target (rl): end the run at the first evaluated step (every train.eval_every)
+    whose held-out `metric` is at least `at_least`, instead of running out train.steps. The run ends
+    as at its last step: checkpointed, exported, evaluated, and the summary says where and why."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    metric: Literal["pass@1_greedy", "pass@k"] = Field("pass@1_greedy", description="held-out greedy pass@1, "
+                                                                                      "or pass@k (k = train.eval_k)")
+    at_least: float = Field(ge=0, le=1, description="stop once the metric is at least this")
+
+    def met(self, scores: dict[str, float], k: int) -> bool:
+        return scores["pass@1_greedy" if self.metric == "pass@1_greedy" else f"pass@{k}"] >= self.at_least
+
+
 class TrainConfig(Section):
     """The learner's run: steps, batches, checkpoints, evaluation (the run config's `train` section).
 
@@ -277,6 +292,9 @@ class TrainConfig(Section):
     handoff: HandoffRule | None = Field(None, description="sft, pretrain: export hf_selected/ at the last step "
                                                            "evaluated (every eval_every) whose held-out scores "
                                                            "meet this rule, for the next stage to start from")
+    stop_at: StopRule | None = Field(None, description="rl: end the run early at the first evaluated step "
+                                                       "(every eval_every) whose held-out score meets this "
+                                                       "target; None: run all train.steps")
     eval_k: int = Field(8, ge=1, description="samples per prompt for pass@k")
     eval_temperature: float | None = Field(None, ge=0, description="temperature of the held-out samples "
                                                                    "(pass@k, the pass rate); default: "
@@ -313,6 +331,8 @@ class TrainConfig(Section):
     def _handoff_needs_evaluations(self) -> TrainConfig:
         if self.handoff is not None and not self.eval_every:
             raise ValueError("train.handoff chooses among evaluated steps: set train.eval_every too")
+        if self.stop_at is not None and not self.eval_every:
+            raise ValueError("train.stop_at stops at an evaluated step: set train.eval_every too")
         return self
 
     @field_validator("remat", mode="before")

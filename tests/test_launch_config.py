@@ -7,6 +7,7 @@ import pytest
 
 from launch.arithmetic import make_arithmetic_data
 from launch.config import ConfigError, load_config
+from launch.run import prepare
 
 
 def test_yaml_and_overrides_are_applied(tmp_path):
@@ -168,3 +169,19 @@ def test_a_handoff_rule_needs_evaluations_and_holds_on_both_bounds():
     assert not rule.holds({"pass@1_greedy": 0.05, "pass@8": 0.09}, k=8)  # nothing for RL to find
     demo = load_config(Path(__file__).resolve().parents[1] / "launch" / "configs" / "demo_sft.yaml")
     assert demo.train.handoff is not None and demo.train.eval_every > 0
+
+
+def test_a_stop_target_needs_evaluations_reads_its_metric_and_is_for_rl_only(tmp_path):
+    with pytest.raises(ConfigError, match="set train.eval_every too"):
+        load_config(None, ["train.stop_at={at_least: 0.5}"])
+    with pytest.raises(ConfigError, match="train.stop_at.metric"):
+        load_config(None, ["train.eval_every=10", "train.stop_at={metric: pass@1, at_least: 0.5}"])
+    greedy = load_config(None, ["train.eval_every=10", "train.stop_at={at_least: 0.5}"]).train.stop_at
+    assert greedy.met({"pass@1_greedy": 0.5, "pass@4": 0.0}, k=4)
+    assert not greedy.met({"pass@1_greedy": 0.49, "pass@4": 1.0}, k=4)
+    at_k = load_config(None, ["train.eval_every=10", "train.stop_at={metric: pass@k, at_least: 0.5}"]).train.stop_at
+    assert at_k.met({"pass@1_greedy": 0.0, "pass@4": 0.5}, k=4)
+    assert not at_k.met({"pass@1_greedy": 1.0, "pass@4": 0.4}, k=4)
+    config = load_config(None, [f"run_dir={tmp_path}", "train.eval_every=10", "train.stop_at={at_least: 0.5}"])
+    with pytest.raises(ConfigError, match="'train.stop_at' ends rl runs early; sft runs train.steps"):
+        prepare(config, "sft")

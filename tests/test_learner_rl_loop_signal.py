@@ -137,6 +137,18 @@ def test_guard_rolls_back_to_the_last_checkpoint_and_goes_on(tmp_path):
     assert int(loop.trainer.state.step) == 5  # 6 updates, the 4th undone
 
 
+def test_finish_early_ends_the_run_after_that_step_checkpointed(tmp_path):
+    """What train.stop_at does when an evaluation meets its target: the loop ends after the step whose
+    on_step asked, with that step checkpointed although it is not due (checkpoint_every=10), and the
+    exactly-once accounting balances as at a last step."""
+    run = tiny_run(tmp_path / "early", steps=6, checkpoint_every=10, overrides=["algo.dynamic_sampling=fill"])
+    loop, accounting = _run_loop(run, on_step=lambda loop, step, m: step == 2 and loop.finish_early("target met"))
+    assert balance_violations(accounting) == []
+    assert loop.step == 2 and loop.finished_early == "finished at step 2: target met"
+    assert loop.checkpointer.all_steps() == [2]
+    assert accounting["groups_consumed"] == 2 * PROMPTS_PER_STEP + loop.counts["groups_zero_signal_dropped"]
+
+
 def test_num_iterations_reuses_each_batch_and_publishes_once_per_step(tmp_path):
     """train.num_iterations=3: three AdamW updates on each batch, the last two against a policy that
     has moved (its ratio to the behaviour logprobs differs from the first update's), one weight
