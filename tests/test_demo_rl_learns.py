@@ -75,6 +75,12 @@ def _showing_differences(data: Path, out: Path) -> Path:
     return out
 
 
+def _steps_meeting(rule: dict[str, float], evals: dict[int, dict[str, float]]) -> list[int]:
+    """The evaluated steps whose held-out scores meet the handoff rule, read from the numbers here."""
+    return [step for step, e in evals.items()
+            if e["pass@1_greedy"] <= rule["max_greedy"] and e["pass@8"] >= rule["min_pass_at_k"]]
+
+
 def _losses(run_dir: Path) -> list[float]:
     rows = (run_dir / "tb" / "metrics.jsonl").read_text().splitlines()
     return [json.loads(row)["loss"] for row in rows if row.strip()]
@@ -127,8 +133,7 @@ def test_the_handoff_rule_finds_a_start_that_leaves_rl_something_to_find(demo_rl
     sft = demo_rl["sft"][0]
     rule, evals = sft["handoff"]["rule"], sft["evals"]
     assert sorted(evals) == list(range(10, 61, 10))
-    met = [step for step, e in evals.items()
-           if e["pass@1_greedy"] <= rule["max_greedy"] and e["pass@8"] >= rule["min_pass_at_k"]]
+    met = _steps_meeting(rule, evals)
     assert met, f"no SFT step met the rule {rule}: {evals}"
     assert sft["handoff"]["step"] == max(met) and sft["handoff"]["eval"] == evals[max(met)]
     assert rule["max_greedy"] <= 0.5 - MARGIN
@@ -144,8 +149,7 @@ def test_a_strong_sft_start_hands_off_an_earlier_step_that_meets_the_rule(demo_r
     last = max(evals)
     assert sorted(evals) == list(range(5, STRONG_STEPS + 1, 5)) and last == STRONG_STEPS
     assert evals[last]["pass@1_greedy"] > rule["max_greedy"], f"SFT was not forced past the ceiling: {evals}"
-    met = [step for step, e in evals.items()
-           if e["pass@1_greedy"] <= rule["max_greedy"] and e["pass@8"] >= rule["min_pass_at_k"]]
+    met = _steps_meeting(rule, evals)
     assert met and handoff["step"] == max(met) < last, (handoff, evals)
 
 
