@@ -236,3 +236,25 @@ def test_an_actor_eta_versions_behind_gets_no_lease_until_it_loads_a_newer_versi
         assert client.report_weights(1, applied=True)  # one version newer is enough: 1 > 2 - η
         assert len(client.lease_prompts(4).prompts) == 4
         client.close()
+
+
+def test_an_actor_at_the_bound_that_refused_the_newest_version_still_leases_within_its_budget():
+    """One version no actor can load must not stall the run: told to load newer weights first, the actor
+    would wait for a version that needs its groups to be trained (a clean clone's run of
+    test_reliability_weights hung so until the batch timeout). Refusing the newest version, it may lease
+    at the bound, within its own version's budget; once a newer version is out it must try that one."""
+    with running_service(PromptSource(make_prompts(64)), prompts_per_step=B, max_staleness=ETA) as (service, address):
+        client = connected_client(address)
+        _serve_version(service, client, 0)
+        assert len(client.lease_prompts(B).prompts) == B  # step 1's batch; (η + 0 + 1)·B = 8 allowed
+        service.set_step(1)
+        service.publish_weights(1, [("w", np.zeros(4, np.float32))])
+        refused = client.lease_prompts(B)  # serves v0 (step 0), the learner at step 1: 0 <= 1 - η
+        assert refused.prompts == [] and refused.retry_after_s == RETRY_MIN_S
+        assert client.report_weights(1, applied=False, detail="weight stream truncated: no commit")
+        leased = client.lease_prompts(2 * B)  # its version's budget: 8 - 4 in use
+        assert len(leased.prompts) == B and leased.retry_after_s > 0
+        service.set_step(2)
+        service.publish_weights(2, [("w", np.zeros(4, np.float32))])
+        assert client.lease_prompts(B).prompts == []  # v1 is no longer the newest: try v2 first
+        client.close()

@@ -89,6 +89,16 @@ def test_who_may_lease(learner_step, step, eta, allowed):
     assert may_lease(LeaseAsk(4, learner_step, step, eta)) is allowed
 
 
+@pytest.mark.parametrize(("learner_step", "step", "eta", "allowed"), [
+    (5, 3, 2, True),  # at the bound: it cannot load newer weights, and what it samples is fresh until step 6
+    (1, 0, 1, True),  # η = 1, one version behind
+    (5, 2, 2, False),  # past the bound: stale even now
+    (5, 4, 2, True),  # in bound anyway
+])
+def test_an_actor_that_refused_the_newest_version_may_lease_at_the_bound(learner_step, step, eta, allowed):
+    assert may_lease(LeaseAsk(4, learner_step, step, eta, refused_newest=True)) is allowed
+
+
 VERSION_STEPS = {3: 0, 4: 2, 7: 5}  # version -> the learner's step when it was published, in publish order
 
 

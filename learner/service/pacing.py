@@ -6,6 +6,8 @@ learner's steps done and s the asking actor's budget step (the step the version 
 published at, at most t: `budget_step`), an actor may lease when
 
     η = 0  or  s > t − η                (`may_lease`: what it samples can still arrive fresh)
+           or  s = t − η and it refused the newest version (it cannot load newer weights, and its
+               groups are fresh until the learner's next step, which waits for them)
 
 and the prompt source (learner/service/prompt_source.py) then grants up to the n prompts it asked for,
 expired leases first (their re-issue keeps their slot), new prompts while the slots in use stay
@@ -18,7 +20,7 @@ rows, in order:
 
     g = n (n = 0 included)                  GRANTED       hint 0: it got what it asked for
     source exhausted                        EXHAUSTED     hint 0: nothing more will come
-    out of bound (η > 0, s ≤ t − η)         OUT_OF_BOUND  hint RETRY_MIN_S: it loads newer weights first
+    out of bound (not `may_lease`)          OUT_OF_BOUND  hint RETRY_MIN_S: it loads newer weights first
     slots left at s (a ≠ 0, or unbounded)   DRY           hint 0: the slots did not hold it back, the
                                                           source had no more prompts to issue now
     s < t and slots left at t (a_t ≠ 0)     LAGGING       hint RETRY_MIN_S: its version's slots are
@@ -59,6 +61,7 @@ class LeaseAsk:
     learner_step: int  # t
     budget_step: int  # s (`budget_step`)
     max_staleness: int  # η
+    refused_newest: bool = False  # the actor's last weight report: the newest version, not applied
 
 
 @dataclass(frozen=True)
@@ -95,8 +98,13 @@ def budget_step(learner_step: int, version: int, version_steps: Mapping[int, int
 def may_lease(ask: LeaseAsk) -> bool:
     """Whether the actor may lease at all. Asynchronous (η > 0), what an actor η versions behind
     samples would be stale by the time it arrives; synchronous (η = 0), the step waits for exactly
-    those groups."""
-    return ask.max_staleness == 0 or ask.budget_step > ask.learner_step - ask.max_staleness
+    those groups. An actor at the bound that refused the newest version (its transfer or check
+    failed) may lease too: told to load newer weights first, it would wait for a version that needs
+    its groups to be trained, and a run whose every actor refused one version would stall. What it
+    samples is fresh now and the next step holds its batch for it (learner/late_groups.py)."""
+    bound = ask.learner_step - ask.max_staleness
+    return (ask.max_staleness == 0 or ask.budget_step > bound
+            or (ask.refused_newest and ask.budget_step == bound))
 
 
 def decide_lease(ask: LeaseAsk, outcome: LeaseOutcome) -> LeaseDecision:

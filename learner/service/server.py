@@ -510,7 +510,10 @@ class LearnerService(rpc.LearnerServicer):
         max_prompts = min(check_int("max_prompts", request.max_prompts, 0), MAX_PROMPTS_PER_LEASE)
         with self._cond:
             actor = self._caller(context, actor_id)
-            ask = LeaseAsk(max_prompts, self._step, self._budget_step(actor), self.config.admission.max_staleness)
+            report = actor.last_weight_report or {}
+            refused_newest = report.get("version") == self._latest_version and not report.get("applied")
+            ask = LeaseAsk(max_prompts, self._step, self._budget_step(actor), self.config.admission.max_staleness,
+                           refused_newest)
             leased = self._prompts.lease(actor.holder, max_prompts, self.config.admission.lease_seconds,
                                          ask.budget_step) if may_lease(ask) else []
             exhausted = self._prompts.exhausted()
