@@ -7,8 +7,9 @@ The checkpoint it starts from is built the demo's way, unshortened: the demo's d
 steps), SFT (demo_sft.yaml: 60 steps, half its rows plain-text lines replayed, evaluated every 10), then
 the RL stage as configured (up to its 200 steps) from the SFT step the demo's handoff rule chose: the
 last one whose held-out greedy is at most 0.30 while pass@8 is at least 0.10. The RL stage is evaluated
-every 10 steps and ends early (train.stop_at) once held-out greedy is 0.30 above its start, a margin over
-the bar the final evaluation of hf_final must clear: the demo's last ~150 steps, which dynamic sampling
+every 10 steps and ends early (train.stop_at) once held-out greedy is 0.22 above its start, just over the
+bar the final evaluation of hf_final must clear (greedy, it scores what the evaluation in the loop scored
+for the same weights: 0.369 both, measured): the demo's last ~150 steps, which dynamic sampling
 makes the slowest (ever more groups drawn as accuracy rises), would only take it further (0.99 in the
 demo); a start RL cannot lift runs all 200 steps and fails. Where SFT's 60th step lands moves
 with the machine's arithmetic (XLA's CPU kernels sum in another order; seed 0 built here gave 0.135 on
@@ -42,7 +43,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "launch" / "configs"
 SEED = 0
 HELDOUT = 512  # the demo's held-out pairs
 MARGIN = 0.20  # greedy accuracy after RL minus before, at least (issue 13's bar for the demo)
-STOP_ABOVE_START = MARGIN + 0.10  # RL ends at the evaluation that is this far above its start
+STOP_ABOVE_START = MARGIN + 0.02  # RL ends at the evaluation this far above its start
 SHOW_DIFFERENCE_EVERY = 10  # the forced strong start: SFT shows a chat difference in every 10th row
 STRONG_STEPS = 40
 PLATEAU_LOSS = 1.2  # mean pretraining loss over the last 100 steps is below this once past the transition
