@@ -2,12 +2,12 @@
 
 The lease budget (learner/service/lease_budget.py) bounds how many prompts are in use, the queue trains the
 oldest policy version first (learner/service/group_queue.py), and an actor η versions behind gets no lease
-(learner/service/pacing.py). None of them stops the learner from publishing the version that makes a group
-still being sampled by a slower actor stale. With a hold, while such a group is out (leased at budget
-step s − η or earlier, by an actor that has not loaded newer weights since), the batch of step s + 1
-takes no group, so the late one comes first instead of being dropped after the step. The hold is
-bounded per step, ends when those leases expire (a dead actor), and is skipped while the queue is
-full (the late groups could not get in).
+unless it refused the newest version (learner/service/pacing.py). None of them stops the learner from
+publishing the version that makes a group still being sampled by a slower actor stale. With a hold,
+while such a group is out (leased at budget step s − η or earlier, by an actor that has not loaded newer
+weights since), the batch of step s + 1 takes no group, so the late one comes first instead of being
+dropped after the step. The hold is bounded per step, ends when those leases expire (a dead actor), and
+is skipped while the queue is full (the late groups could not get in).
 
 Off by default, by measurement: with the other three rules, 2 actors at η = 1 dropped 0 groups in 30
 steps without it (idle and under a CPU hog; on a loaded 2-core CI machine 0 in most runs, at most 4),

@@ -7,7 +7,7 @@ published at, at most t: `budget_step`), an actor may lease when
 
     η = 0  or  s > t − η                (`may_lease`: what it samples can still arrive fresh)
            or  s = t − η and it refused the newest version (it cannot load newer weights, and its
-               groups are fresh until the learner's next step, which waits for them)
+               groups are fresh until the learner's next step)
 
 and the prompt source (learner/service/prompt_source.py) then grants up to the n prompts it asked for,
 expired leases first (their re-issue keeps their slot), new prompts while the slots in use stay
@@ -101,7 +101,9 @@ def may_lease(ask: LeaseAsk) -> bool:
     those groups. An actor at the bound that refused the newest version (its transfer or check
     failed) may lease too: told to load newer weights first, it would wait for a version that needs
     its groups to be trained, and a run whose every actor refused one version would stall. What it
-    samples is fresh now and the next step holds its batch for it (learner/late_groups.py)."""
+    samples is fresh until the learner's next step: a step waiting for groups trains it; overtaken by a
+    peer's newer groups, it is dropped as stale and its prompt leased again (or the step holds for it,
+    `rollout.late_group_wait_s`, learner/service/late_groups.py)."""
     bound = ask.learner_step - ask.max_staleness
     return (ask.max_staleness == 0 or ask.budget_step > bound
             or (ask.refused_newest and ask.budget_step == bound))
