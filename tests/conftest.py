@@ -3,6 +3,7 @@ vLLM KV cache, one Ray."""
 
 import atexit
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -14,6 +15,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+if "RAY_AUTH_TOKEN" not in os.environ:
+    # the session's Ray (ray_session) runs with token auth, as users' clusters do; Ray reads the mode when
+    # it is imported, so it is set before anything imports ray, and the processes the tests start inherit it
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     # JAX's persistent compilation cache, fresh for each session (as on CI's fresh machine): the
@@ -36,23 +42,27 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray for the whole test session (starting Ray costs ~10 s).
+    """One Ray for the whole test session (starting Ray costs ~10 s): a head started by `ray start`, which
+    this process joins. Tests share it; each test cleans up the actors it created.
 
-    Tests share it; each test cleans up the actors it created.
+    Not `ray.init()`'s own local cluster: that starts the GCS and raylet from this process with
+    `subprocess.Popen(preexec_fn=...)`, which runs the process's fork handlers, and here JAX's backends
+    (threads) may already run: JAX warns that the fork can deadlock. `ray start` is a fresh process
+    without JAX, and joining a cluster starts no process.
     """
     import ray
+    from ray_head_helpers import ray_head_cluster
 
-    if not ray.is_initialized():
-        ray.init(
-            num_cpus=4,
-            resources={"rollout": 4, "reward": 4},
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "1",
-                                      "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "JAX_PLATFORMS": "cpu"}},
-        )
-    yield ray
-    ray.shutdown()
+    if ray.is_initialized():
+        yield ray
+        return
+    with ray_head_cluster(resources={"rollout": 4, "reward": 4}, job_server=False,
+                          token=os.environ["RAY_AUTH_TOKEN"]) as head:
+        ray.init(address=head.gcs, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "1",
+                                           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "JAX_PLATFORMS": "cpu"}})
+        yield ray
+        ray.shutdown()
 
 
 @pytest.fixture

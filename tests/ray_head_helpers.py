@@ -9,6 +9,7 @@ README's own commands instead, on a fresh HOME."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -75,20 +76,24 @@ def loopback_head_flags(temp_dir: str) -> tuple[list[str], str, str]:
 
 
 @contextlib.contextmanager
-def ray_head_cluster() -> Iterator[RayHead]:
-    """A Ray head on 127.0.0.1 with tandem's resources and token auth on, whose workers and job
-    drivers use this interpreter and can import the repo."""
+def ray_head_cluster(*, resources: dict[str, int] | None = None, job_server: bool = True,
+                     token: str | None = None) -> Iterator[RayHead]:
+    """A Ray head on 127.0.0.1 with tandem's resources (`resources`, default 2 rollout and 2 reward slots)
+    and token auth on (`token`, default a new one), whose workers and job drivers use this interpreter and
+    can import the repo. `job_server=False`: no dashboard (job submission) and no log monitor, for a
+    cluster only joined."""
     temp_dir = tempfile.mkdtemp(prefix="tdm-", dir="/tmp")  # short: unix socket paths are limited
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "RAY_AUTH_MODE": "token",
-           "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+           "RAY_AUTH_TOKEN": token or secrets.token_hex(32), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
            "VLLM_CPU_KVCACHE_SPACE": "1", "JAX_PLATFORMS": "cpu"}
     env.pop("RAY_ADDRESS", None)
     flags, dashboard, gcs = loopback_head_flags(temp_dir)
-    subprocess.run(
-        [str(BIN / "ray"), "start", "--head", "--num-cpus=4", '--resources={"rollout": 2, "reward": 2}', *flags],
-        env=env, check=True, capture_output=True, timeout=180,
-    )
+    if not job_server:
+        flags += ["--include-dashboard=false", "--include-log-monitor=false"]
+    resources = json.dumps(resources or {"rollout": 2, "reward": 2})
     try:
+        subprocess.run([str(BIN / "ray"), "start", "--head", "--num-cpus=4", f"--resources={resources}", *flags],
+                       env=env, cwd=ROOT, check=True, capture_output=True, timeout=180)
         yield RayHead(env, dashboard, gcs)
     finally:
         stop_cluster(temp_dir, gcs)
