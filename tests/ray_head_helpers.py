@@ -1,6 +1,6 @@
-"""A real Ray head on loopback for the tests that run tandem the way users do (`ray job submit`), and
-a way to stop only that cluster (`ray stop` would kill every Ray on the machine, including the test
-session's shared one).
+"""A real Ray head on loopback: the test session's shared one (conftest's ray_session joins it) and one
+more for the tests that run tandem the way users do (`ray job submit`), and a way to stop only one
+cluster (`ray stop` would kill every Ray on the machine, including the test session's shared one).
 
 The heads run with Ray's token auth on, as users' do: `ray_head_cluster` hands every process its own
 token in RAY_AUTH_TOKEN (nothing written to ~/.ray); test_launch_ray_job.py starts its head with the
