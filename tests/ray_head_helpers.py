@@ -13,6 +13,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -42,7 +43,8 @@ def free_port() -> int:
 
 def stop_cluster(temp_dir: str, gcs: str) -> None:
     """Stop only the cluster with this temp dir and GCS address (127.0.0.1:PORT): its processes name
-    one or the other; take their process trees too."""
+    one or the other; take their process trees too. Then remove the temp dir (its sessions' logs and
+    sockets), which Ray leaves behind."""
     own = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
     gcs_named = re.compile(rf"{re.escape(gcs)}(?!\d)")  # not another cluster's 127.0.0.1:41234 for :4123
 
@@ -59,6 +61,7 @@ def stop_cluster(temp_dir: str, gcs: str) -> None:
     for p in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def loopback_head_flags(temp_dir: str) -> tuple[list[str], str, str]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +62,9 @@ def stage(mode: str, run_dir: Path, overrides: list[str]) -> dict:
                 handler.close()
     rows = (run_dir / "tb" / "metrics.jsonl").read_text().splitlines()
     metrics = [json.loads(row) for row in rows if row.strip()]
-    return {"summary": summary, "metrics": metrics, "moves": first_update_moves(run, metrics[0]["learning_rate"])}
+    moves = first_update_moves(run, metrics[0]["learning_rate"])
+    shutil.rmtree(run_dir / "checkpoints")  # step 1 is read; each step saved is 1.6 GB (weights, Adam moments)
+    return {"summary": summary, "metrics": metrics, "moves": moves}
 
 
 def first_update_moves(run: Run, lr: float) -> dict[str, dict[str, float]]:
