@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from learner.algo.advantages import group_advantages, has_signal
-from learner.algo.rl_batch import RLBatch, assemble_rl_batch, group_statistics
+from learner.algo.rl_batch import RLBatch, assemble_rl_batch, bucket_rows, group_statistics
 from learner.algo.train_step import SKIPPED, Trainer
 from learner.algo.turn_advantages import TurnAdvantageFn, resolve_turn_advantage, token_advantages
 from learner.checkpoint import Checkpointer
@@ -203,8 +203,7 @@ class RLLoop:
         # the first batch's rows if every sequence is as long as the longest prompt completed to max_tokens
         per_row = max(1, self.row_tokens // min(self.compile_ahead_len, self.row_tokens))
         sequences = self.config.train.prompts_per_step * self.config.group_size
-        packed_rows = -(-sequences // per_row)
-        rows = -(-packed_rows // self.row_multiple) * self.row_multiple
+        rows = bucket_rows(-(-sequences // per_row), self.row_multiple)
         length = self.row_tokens
 
         def compile_step() -> None:

@@ -16,7 +16,7 @@ from learner_train_helpers import tiny_model_dir
 from learner.algo.logprobs import logprobs_from_hidden
 from learner.algo.losses import LossConfig
 from learner.algo.optim import OptimizerConfig
-from learner.algo.rl_batch import pack
+from learner.algo.rl_batch import bucket_rows, pack
 from learner.algo.train_step import Trainer, packed_hidden
 from learner.algo.turn_advantages import trajectory
 from learner.mesh import shard_rows
@@ -101,6 +101,27 @@ def test_packed_layout_advantages_and_statistics():
     assert (stats["sequences"], stats["rows"]) == (8, 4)
     assert stats["padding_fraction"] == pytest.approx(1 - 45 / 64)
     assert "turns_mean" not in stats  # single-turn batches have no turn statistics
+
+
+def test_row_counts_round_up_to_few_buckets_with_under_a_third_padding():
+    """Packing gives another row count nearly every step and each count is an XLA compilation: counts
+    round up to row_multiple × (2^k or 3·2^k), two shapes per doubling, padding under a third."""
+    assert [bucket_rows(n) for n in range(1, 14)] == [1, 2, 3, 4, 6, 6, 8, 8, 12, 12, 12, 12, 16]
+    assert [bucket_rows(n, 8) for n in (1, 8, 9, 54, 73, 99, 121)] == [8, 8, 16, 64, 96, 128, 128]
+    for multiple in (1, 2, 8):
+        buckets = set()
+        for rows in range(1, 1025):
+            bucket = bucket_rows(rows, multiple)
+            units = -(-rows // multiple)  # what rounding to the multiple alone gave
+            assert bucket % multiple == 0 and (bucket - units * multiple) / bucket < 1 / 3, (rows, multiple)
+            buckets.add(bucket)
+        assert len(buckets) <= 2 * np.log2(1024 / multiple) + 1, (multiple, sorted(buckets))
+    # five groups (5 rows of 2 sequences of 4 tokens) and six (6 rows): one shape
+    groups = [_group(f"g{i}", [1, 3], [[5, 2], [6, 2]], [1.0, 0.0]) for i in range(6)]
+    five, _ = _assemble(groups[:5], row_tokens=8)
+    six, stats = _assemble(groups, row_tokens=8)
+    assert five.input_ids.shape == six.input_ids.shape == (6, 8) and stats["rows"] == 6  # 2 sequences a row
+    assert five.attention_mask[5:].sum() == 0 and five.completion_mask[5:].sum() == 0  # the bucket's padding
 
 
 def test_first_fit_decreasing_packs_longest_first_and_refuses_what_no_row_holds():

@@ -4,8 +4,9 @@ Every training sample (a prompt then one completion's tokens; a multi-turn traje
 split has one sample per part, each with its own prompt) is one *sequence* of the batch. Sequences are
 packed into rows of `row_tokens` tokens, first-fit decreasing, each its own segment: it attends only to
 itself (causal within the segment) and its positions restart at 0, so a row of short completions costs
-what its tokens cost, not the longest completion's length. The rows then round up to a multiple of
-`row_multiple` (micro-batches × data shards), so the jitted step sees one row length and few row counts.
+what its tokens cost, not the longest completion's length. The rows then round up to a bucket (`bucket_rows`:
+a multiple of `row_multiple`, micro-batches × data shards), so the jitted step sees one row length and few
+row counts: each new batch shape is a new XLA compilation.
 
 The advantages arrive computed (learner.rl_loop: the estimator, then the advantage rule per turn); a
 completion's weight (0: unscorable, or a zero-signal group that dynamic sampling drops) multiplies its
@@ -87,6 +88,20 @@ def empty_rl_batch(rows: int, length: int) -> RLBatch:
     return RLBatch(*(grid(np.int32) for _ in range(4)), *(grid(np.float32) for _ in range(3)))
 
 
+def bucket_rows(rows: int, row_multiple: int = 1) -> int:
+    """The rows a batch of `rows` packed rows is padded to: `row_multiple` × the smallest of 1, 2, 3, 4, 6,
+    8, 12, 16, 24, ... (2^k and 3·2^k) that holds them. Packing gives a different row count nearly every
+    step, and each new count is a new XLA compilation of the step (measured on the demo's model on CPU: 6 s
+    each against a 0.45 s step, for 20 different counts in 20 steps); the buckets bound the shapes to two per
+    doubling and the padding, all-masked rows, to under a third of the batch."""
+    if rows < 1 or row_multiple < 1:
+        raise ValueError(f"rows and row_multiple must be >= 1, got {rows}, {row_multiple}")
+    units = -(-rows // row_multiple)
+    power = 1 << (units - 1).bit_length()  # the smallest power of two >= units
+    bucket = 3 * power // 4 if power >= 4 and units <= 3 * power // 4 else power
+    return bucket * row_multiple
+
+
 def pack(lengths: Sequence[int], row_tokens: int) -> list[list[int]]:
     """First-fit decreasing: the indices of the sequences each row holds (longest first; ties in input
     order, so the packing is deterministic). Every length must fit in a row."""
@@ -142,7 +157,7 @@ def assemble_rl_batch(
     samples = [sample for i, group in enumerate(groups) for j, completion in enumerate(group.completions)
                for sample in completion_samples(group, completion, float(weights[i][j]), advantages[i][j])]
     rows = pack([len(s) for s in samples], row_tokens)
-    num_rows = -(-len(rows) // row_multiple) * row_multiple
+    num_rows = bucket_rows(len(rows), row_multiple)
 
     def grid(dtype: type, fill: int = 0) -> np.ndarray:
         return np.full((num_rows, row_tokens), fill, dtype)
