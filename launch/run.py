@@ -95,12 +95,10 @@ def prepare(config: TandemConfig, mode: Mode) -> Run:
 def log_debug_to(run_dir: Path) -> None:
     """tandem's DEBUG records (each refused group and why, each weight update) go to run_dir/debug.log;
     the console keeps INFO and above, where such events show as counters in the progress lines."""
+    close_debug_log()  # the previous stage's file
     root = logging.getLogger()
-    for handler in root.handlers[:]:
-        if getattr(handler, "tandem_debug_log", False):  # the previous stage's file
-            root.removeHandler(handler)
-            handler.close()
-        elif type(handler) is logging.StreamHandler and handler.level == logging.NOTSET:  # the console
+    for handler in root.handlers:
+        if type(handler) is logging.StreamHandler and handler.level == logging.NOTSET:  # the console
             handler.setLevel(logging.INFO)
     handler = logging.FileHandler(run_dir / "debug.log")
     handler.setLevel(logging.DEBUG)
@@ -109,6 +107,15 @@ def log_debug_to(run_dir: Path) -> None:
     root.addHandler(handler)
     for package in ("learner", "actors", "launch", "rewards", "tandem"):
         logging.getLogger(package).setLevel(logging.DEBUG)
+
+
+def close_debug_log() -> None:
+    """Stop writing run_dir/debug.log (log_debug_to's handler): a process that runs several stages, or
+    whose run dir is removed, must not keep a handler that would reopen the file on the next record."""
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if getattr(h, "tandem_debug_log", False)]:
+        root.removeHandler(handler)
+        handler.close()
 
 
 def setup_process() -> None:

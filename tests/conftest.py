@@ -2,6 +2,7 @@
 vLLM KV cache, one Ray."""
 
 import atexit
+import logging
 import os
 import secrets
 import shutil
@@ -158,6 +159,19 @@ def machine_memory_lock(request, testrun_uid, worker_id):
 def _rss_gib() -> float:
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Before a test's fixtures are torn down: stop writing the run_dir/debug.log of a stage it ran
+    (launch.run.prepare adds the handler to the root logger). A passed test's tmp_path is removed at its
+    end (tmp_path_retention_policy), and a later record, once anything in this process had closed the
+    handler (logging.config.dictConfig closes every handler), would reopen that file and raise
+    FileNotFoundError in whatever code logged it (CI at b36cd26: 6 tests of the other modules failed)."""
+    if any(getattr(handler, "tandem_debug_log", False) for handler in logging.getLogger().handlers):
+        from launch.run import close_debug_log
+
+        close_debug_log()
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -27,7 +27,6 @@ the number of fill batches (4 or 8). CI failed on it. The demo a user runs is wh
 from __future__ import annotations
 
 import json
-import logging
 import time
 from pathlib import Path
 
@@ -35,7 +34,7 @@ import pytest
 
 from launch.arithmetic import make_arithmetic_data
 from launch.config import load_config
-from launch.run import prepare
+from launch.run import close_debug_log, prepare
 from launch.stages import run_mode
 from learner.service.accounting import balance_violations
 
@@ -114,10 +113,7 @@ def demo_rl(ray_session, tmp_path_factory):
             f"data.dir={data}", f"model.path={handoff['hf_selected']}", "train.eval_every=10",
             f"train.stop_at={{at_least: {target:.4f}}}", "rollout.fleet_name=test-demo-rl-learns"])
     finally:
-        for handler in logging.getLogger().handlers[:]:  # prepare() logs each stage to its run dir
-            if getattr(handler, "tandem_debug_log", False):
-                logging.getLogger().removeHandler(handler)
-                handler.close()
+        close_debug_log()  # prepare() logs each stage to its run dir
     print("\n" + json.dumps({stage: {"seconds": round(seconds), "steps": summary.get("steps"),
                                      "greedy_by_step": {k: e["pass@1_greedy"]
                                                         for k, e in summary.get("evals", {}).items()},

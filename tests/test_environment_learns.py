@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import random
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from transformers import AutoTokenizer
 
 from launch.config import load_config
 from launch.evaluation import evaluate_dir
-from launch.run import prepare
+from launch.run import close_debug_log, prepare
 from launch.stages import run_mode
 
 SEED = 0
@@ -102,10 +101,7 @@ def learned(ray_session, tmp_path_factory):
             "rewards.environment.kwargs={reveal_answer: false}"]))
         after_blind = evaluate_dir(blind, AutoTokenizer.from_pretrained(before_dir), rl.run_dir / "hf_final")
     finally:
-        for handler in logging.getLogger().handlers[:]:  # prepare() logs each stage to its run dir
-            if getattr(handler, "tandem_debug_log", False):
-                logging.getLogger().removeHandler(handler)
-                handler.close()
+        close_debug_log()  # prepare() logs each stage to its run dir
     print("\n" + json.dumps({"before": before, "after": after, "after_blind": after_blind}, indent=1))
     return before, after, after_blind, summary
 

@@ -21,7 +21,6 @@ math_answer path on GSM8K-style rows is tested in tests/test_launch_prompts.py.
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from flax import nnx
 
 from launch.config import load_config
 from launch.real_shape import CONFIG, RANDOM_MODEL_REWARD, rl_overrides, write_gsm8k_style_data
-from launch.run import Run, prepare
+from launch.run import Run, close_debug_log, prepare
 from launch.stages import run_mode
 from launch.trainer import build_trainer
 from learner.checkpoint import Checkpointer
@@ -56,10 +55,7 @@ def stage(mode: str, run_dir: Path, overrides: list[str]) -> dict:
         run = prepare(config, mode)
         summary = run_mode(run, mode)
     finally:
-        for handler in logging.getLogger().handlers[:]:  # prepare() logs each stage to its run dir
-            if getattr(handler, "tandem_debug_log", False):
-                logging.getLogger().removeHandler(handler)
-                handler.close()
+        close_debug_log()  # prepare() logs each stage to its run dir
     rows = (run_dir / "tb" / "metrics.jsonl").read_text().splitlines()
     metrics = [json.loads(row) for row in rows if row.strip()]
     moves = first_update_moves(run, metrics[0]["learning_rate"])
