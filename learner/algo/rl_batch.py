@@ -92,8 +92,8 @@ def bucket_rows(rows: int, row_multiple: int = 1) -> int:
     """The rows a batch of `rows` packed rows is padded to: `row_multiple` × the smallest of 1, 2, 3, 4, 6,
     8, 12, 16, 24, ... (2^k and 3·2^k) that holds them. Packing gives a different row count nearly every
     step, and each new count is a new XLA compilation of the step (measured on the demo's model on CPU: 6 s
-    each against a 0.45 s step, for 20 different counts in 20 steps); the buckets bound the shapes to two per
-    doubling and the padding, all-masked rows, to under a third of the batch."""
+    each against a 0.45 s step; the demo test had 10 different counts in its first 10 steps); the buckets
+    bound the shapes to two per doubling and the padding, all-masked rows, to under a third of the batch."""
     if rows < 1 or row_multiple < 1:
         raise ValueError(f"rows and row_multiple must be >= 1, got {rows}, {row_multiple}")
     units = -(-rows // row_multiple)
