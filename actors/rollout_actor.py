@@ -71,7 +71,7 @@ from actors.learner_client import (
     WeightTransferError,
 )
 from actors.scoring import RewardScorer
-from actors.stats import ActorStats, TimeShareMeter
+from actors.stats import ActorStats, TimeShareMeter, UnionClock
 from actors.trajectory import ObservationRenderer
 from actors.weights.apply import Applier, applier
 from actors.weights.pending import PendingWeights
@@ -182,6 +182,7 @@ class RolloutActor:
         self._engine_lock = threading.RLock()
         self._update_lock = threading.Lock()  # one fetch-and-apply at a time (weights thread, run()'s catch-up)
         self._idle_since: dict[str, float] = {}  # idle counter -> perf_counter() when its running wait began
+        self._idle_clock = UnionClock()  # any idle counter or a weight load running: ActorStats.idle_seconds
         self._stop = threading.Event()
         self._idle = threading.Event()  # set while run() is not looping
         self._idle.set()
@@ -260,6 +261,7 @@ class RolloutActor:
             generate_seconds=c.generate_seconds,
             credit_wait_seconds=self._idle_seconds("credit_wait_seconds"),
             prompt_wait_seconds=self._idle_seconds("prompt_wait_seconds"),
+            idle_seconds=self._idle_clock.seconds(),
             unacked=self.client.unacked_count(),
             engine_busy_s=time.monotonic() - started if started else 0.0,
             rss_bytes=psutil.Process().memory_info().rss,
@@ -538,7 +540,8 @@ class RolloutActor:
         """Add the block's wall time to the idle counter ``counter``; stats() includes a running wait."""
         self._idle_since[counter] = time.perf_counter()
         try:
-            yield
+            with self._idle_clock.running():
+                yield
         finally:
             started = self._idle_since.pop(counter)
             setattr(self.counters, counter, getattr(self.counters, counter) + time.perf_counter() - started)
@@ -614,7 +617,8 @@ class RolloutActor:
             due = self._weights.due()
             if due is None:
                 return
-            with self._engine_paused() if due.staged.applier.drains else contextlib.nullcontext():
+            with (self._idle_clock.running(),
+                  self._engine_paused() if due.staged.applier.drains else contextlib.nullcontext()):
                 stall_s = due.staged.applier.load(self.engine, due.staged.weights)
                 self._weights.loaded(due.version)
         transfer_s = due.staged.transfer_s

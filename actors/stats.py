@@ -6,6 +6,10 @@ types without loading an engine. ``dataclasses.asdict`` turns any of them into a
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -45,6 +49,10 @@ class ActorStats:
     """idle, blocked on the learner's credits (its queue is full)"""
     prompt_wait_seconds: float
     """idle, no prompt to lease"""
+    idle_seconds: float
+    """idle for any reason: blocked on credits, no prompt to lease, or a weight load stalling the engine,
+    each moment counted once (in sync mode the lease budget holds the actor while its weights thread loads
+    the new version: the two waits overlap, and their sum would exceed the wall time)"""
     unacked: int
     """groups sent without a final ack yet"""
     engine_busy_s: float
@@ -86,6 +94,39 @@ class TimeShareMeter:
         span = max(now - self._now, sum(deltas.values()), 1e-9)
         self._now, self._totals = now, dict(totals)
         return {k: min(1.0, d / span) for k, d in deltas.items()}
+
+
+class UnionClock:
+    """Wall time during which at least one of several possibly overlapping activities runs.
+
+    Each activity enters ``running()`` from its own thread; the clock runs from the first entry to the
+    last exit, so overlaps are counted once (a sum of per-activity counters counts them twice)."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._running = 0
+        self._since = 0.0
+        self._total = 0.0
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        with self._lock:
+            if self._running == 0:
+                self._since = self._clock()
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running -= 1
+                if self._running == 0:
+                    self._total += self._clock() - self._since
+
+    def seconds(self) -> float:
+        """The total so far, a running stretch included."""
+        with self._lock:
+            return self._total + (self._clock() - self._since if self._running else 0.0)
 
 
 @dataclass(frozen=True)

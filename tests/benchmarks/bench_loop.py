@@ -9,8 +9,9 @@ measures over the steps after ``--warmup`` (compilation excluded):
   learner_busy             time in its updates and weight publishes / wall time
   actor_busy               time inside engine steps / wall time (mean over actors)
   actor_idle               time an actor was blocked on credits, waiting for prompts (the lease budget
-                           also holds it until it serves a new version), or stalled by a weight load
-                           / wall time (mean over actors)
+                           also holds it until it serves a new version), or stalled by a weight load,
+                           overlaps counted once (ActorStats.idle_seconds) / wall time (mean over actors);
+                           actor_idle_parts gives each of the three alone, and they may overlap
   loop_tokens_per_s        tokens the actors generated / wall time (rewards, gRPC, pushes included)
   async_waste_fraction     (tokens aborted by weight loads + tokens of stale groups) / tokens sampled
   weight push              bytes / (fetch + verify + load into vLLM) per update, the raw loopback
@@ -45,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
 DEMO_CONFIG = ROOT / "launch" / "configs" / "demo_rl.yaml"
 ACTOR_COUNTERS = ("tokens_generated", "tokens_aborted", "generate_seconds", "credit_wait_seconds",
-                  "prompt_wait_seconds")
+                  "prompt_wait_seconds", "idle_seconds")
 
 
 def pin_threads(cpus: set[int]) -> None:
@@ -174,7 +175,7 @@ def run_loop(prepared, args: argparse.Namespace, split) -> dict:
     tokens = sum(w["tokens_generated"] for w in windows)
     generate_s = sum(w["generate_seconds"] for w in windows)
     idle_keys = ("credit_wait_seconds", "prompt_wait_seconds", "stall_seconds")
-    idle = [sum(w[k] for k in idle_keys) / wall for w in windows]
+    idle = [w["idle_seconds"] / wall for w in windows]
     pushes = [weight_bytes / (t + s) for w in windows for t, s in zip(w["transfer_seconds"], w["stalls"],
                                                                        strict=True)]
     result = {
