@@ -129,8 +129,6 @@ class ActorCounters:
     prompts_filtered: int = 0
     weight_updates: list[WeightUpdate] = field(default_factory=list)
     weight_rejections: int = 0
-    credit_wait_seconds: float = 0.0   # blocked in send_group: the learner's queue is full
-    prompt_wait_seconds: float = 0.0   # no prompt to lease
 
 
 class RolloutActor:
@@ -181,8 +179,9 @@ class RolloutActor:
         # one engine step, generate or weight load at a time (re-entrant: a load pauses the engine)
         self._engine_lock = threading.RLock()
         self._update_lock = threading.Lock()  # one fetch-and-apply at a time (weights thread, run()'s catch-up)
-        self._idle_since: dict[str, float] = {}  # idle counter -> perf_counter() when its running wait began
-        self._idle_clock = UnionClock()  # any idle counter or a weight load running: ActorStats.idle_seconds
+        self._credit_wait = UnionClock()  # blocked in send_group: the learner's queue is full
+        self._prompt_wait = UnionClock()  # no prompt to lease
+        self._idle_clock = UnionClock()  # either wait or a weight load running: ActorStats.idle_seconds
         self._stop = threading.Event()
         self._idle = threading.Event()  # set while run() is not looping
         self._idle.set()
@@ -259,8 +258,8 @@ class RolloutActor:
             weight_rejections=c.weight_rejections,
             tokens_aborted=self.engine.aborted_tokens,
             generate_seconds=c.generate_seconds,
-            credit_wait_seconds=self._idle_seconds("credit_wait_seconds"),
-            prompt_wait_seconds=self._idle_seconds("prompt_wait_seconds"),
+            credit_wait_seconds=self._credit_wait.seconds(),
+            prompt_wait_seconds=self._prompt_wait.seconds(),
             idle_seconds=self._idle_clock.seconds(),
             unacked=self.client.unacked_count(),
             engine_busy_s=time.monotonic() - started if started else 0.0,
@@ -333,7 +332,7 @@ class RolloutActor:
     def _wait_for_prompts(self, seconds: float) -> None:
         """The lease budget counts from the version we serve and grows with the learner's steps: wait
         as long as the learner says, or until we load newer weights or the learner announces room."""
-        with self._idle_time("prompt_wait_seconds"):
+        with self._idle_time(self._prompt_wait):
             self._ask_again.wait(seconds)
 
     def _sample_in_batches(self) -> None:
@@ -523,7 +522,7 @@ class RolloutActor:
             return  # stopping: the lease expires and the prompt is sampled again elsewhere
         self._blocked_on_credits = True
         try:
-            with self._idle_time("credit_wait_seconds"):
+            with self._idle_time(self._credit_wait):
                 try:
                     self.client.send_group(group, timeout=CREDIT_POLL_S)
                 except TimeoutError:  # queued, and the learner's queue is full
@@ -536,20 +535,10 @@ class RolloutActor:
             self._blocked_on_credits = False
 
     @contextlib.contextmanager
-    def _idle_time(self, counter: str) -> Iterator[None]:
-        """Add the block's wall time to the idle counter ``counter``; stats() includes a running wait."""
-        self._idle_since[counter] = time.perf_counter()
-        try:
-            with self._idle_clock.running():
-                yield
-        finally:
-            started = self._idle_since.pop(counter)
-            setattr(self.counters, counter, getattr(self.counters, counter) + time.perf_counter() - started)
-
-    def _idle_seconds(self, counter: str) -> float:
-        started = self._idle_since.get(counter)
-        running = time.perf_counter() - started if started is not None else 0.0
-        return getattr(self.counters, counter) + running
+    def _idle_time(self, wait: UnionClock) -> Iterator[None]:
+        """Time the block on its own wait's clock and on the idle clock; stats() includes a running wait."""
+        with wait.running(), self._idle_clock.running():
+            yield
 
     # ------------------------------------------------------------------ weights
 
@@ -648,8 +637,8 @@ class RolloutActor:
     def _time_totals(self) -> dict[str, float]:
         """Cumulative seconds per activity, as pb.TimeShares names them (waits still running included)."""
         return {"busy": self.counters.generate_seconds,
-                "lease_wait": self._idle_seconds("prompt_wait_seconds"),
-                "credit_wait": self._idle_seconds("credit_wait_seconds"),
+                "lease_wait": self._prompt_wait.seconds(),
+                "credit_wait": self._credit_wait.seconds(),
                 "weight_stall": sum(u.stall_s for u in self.counters.weight_updates)}
 
     def _heartbeat_loop(self) -> None:
