@@ -49,7 +49,7 @@ def build_rl_learner(run: Run, tokenizer, writer: MetricsWriter | None = None,
     process 0 has the prompt source and the service."""
     config = run.config
     trainer = build_trainer(run, temperature=config.rollout.temperature)
-    service, first_len = None, None
+    service = None
     if is_leader():
         rows = chat_prompt_rows(run.train_data, tokenizer, config.data, split=config.data.split,
                                 tools=config.rewards.template_tools())
@@ -59,6 +59,8 @@ def build_rl_learner(run: Run, tokenizer, writer: MetricsWriter | None = None,
         # one truncated completion of it needs (RLLoop caps it at max_sequence_len and compiles the step
         # while the actors start)
         first_len = max(len(r.prompt_ids) for r in rows) + config.completion_tokens
+    else:  # the same row buckets compile ahead on every process (they depend on the config alone)
+        first_len = config.loop_config().max_sequence_len
     checkpointer = Checkpointer(run.run_dir / "checkpoints", max_to_keep=config.train.keep_checkpoints,
                                 save_every=config.train.checkpoint_every)
     return RLLoop(trainer, service, checkpointer, writer, config.loop_config(), pad_id=tokenizer.pad_token_id,
@@ -164,6 +166,7 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
         "finished_early": loop.finished_early,
         "stale": loop.service.stale_report(),
         "tokens": token_report(accounting, actor_stats),
+        "compiles": loop.compile_report(),
     }
     for violation in summary["accounting_violations"]:
         log.error("accounting does not balance: %s", violation)

@@ -32,7 +32,8 @@ def build_trainer(run: Run, *, temperature: float = 1.0) -> Trainer:
                    temperature=temperature, chunk_tokens=config.train.logits_chunk_tokens,
                    compute_dtype=config.model.dtype, remat=config.train.remat,
                    attention=config.train.attention, float32_logits=config.train.float32_logits, seed=config.seed,
-                   skip_no_signal=config.train.skip_no_signal)
+                   skip_no_signal=config.train.skip_no_signal, memory_budget_gib=config.train.memory_budget_gib,
+                   scan_layers=config.train.scan_layers)
 
 
 def export_final(run: Run, trainer: Trainer) -> dict[str, Path]:

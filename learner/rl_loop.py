@@ -39,10 +39,12 @@ from typing import Any
 import numpy as np
 
 from learner.algo.advantages import group_advantages, has_signal
-from learner.algo.rl_batch import RLBatch, assemble_rl_batch, bucket_rows, group_statistics
+from learner.algo.rl_batch import RLBatch, assemble_rl_batch, group_statistics
 from learner.algo.train_step import SKIPPED, Trainer
 from learner.algo.turn_advantages import TurnAdvantageFn, resolve_turn_advantage, token_advantages
 from learner.checkpoint import Checkpointer
+from learner.compile_ahead import CompileAhead
+from learner.compile_log import CompileLog, summarize
 from learner.guard import JumpDetector
 from learner.metrics import MetricsWriter, StepCallback
 from learner.multihost import RunStopped, StepMessage, exchange, is_multiprocess
@@ -93,11 +95,15 @@ class RLLoop:
         """`service` is None on learner processes other than 0 (multi-host): they receive each step's
         batch from process 0 (learner.multihost) and run the same steps, gathers and checkpoints.
         `compile_ahead_len`: the sequence length the first batch is expected to need (the longest
-        prompt plus max_tokens); `run` compiles the step for the rows such sequences would fill while the
-        actors sample the first groups. None: the step compiles on first use."""
+        prompt plus max_tokens); `run` compiles the step for every row bucket a batch can fill
+        (learner.compile_ahead), nearest first to the rows such sequences would fill, while the actors sample.
+        None: the steps compile on first use."""
         self.trainer, self.service, self.checkpointer, self.writer = trainer, service, checkpointer, writer
         self.config, self.pad_id, self.compile_ahead_len = config, pad_id, compile_ahead_len
-        self._compiling: threading.Thread | None = None
+        self._compiling: CompileAhead | None = None
+        self.compile_log = CompileLog.install()
+        self._compile_marks: dict[str, int] = {}  # the compile log's marks at "start" and at the "first_step"'s end
+        self._loop_thread = ""  # the thread that runs the steps
         self.row_tokens = config.train.row_tokens or config.max_sequence_len
         if self.row_tokens < config.max_sequence_len:
             raise ValueError(f"train.row_tokens={self.row_tokens} is shorter than the longest sequence "
@@ -157,11 +163,14 @@ class RLLoop:
     def run(self, on_step: StepCallback | None = None) -> dict[str, Any]:
         """Train until `config.train.steps` (or the guard stops it, or `finish_early`); returns the final
         accounting."""
+        self._compile_marks = {"start": self.compile_log.mark()}
+        self._loop_thread = threading.current_thread().name
         self._compile_ahead()
         try:
             return self._run(on_step)
         finally:
-            self._compiled()
+            if self._compiling is not None:
+                self._compiling.stop()
 
     def _run(self, on_step: StepCallback | None) -> dict[str, Any]:
         started = time.monotonic()
@@ -172,6 +181,7 @@ class RLLoop:
             metrics = self._train_on(groups)
             metrics["learner_wait_s"] = wait_s  # idle: waiting for scored groups in next_batch
             metrics["wall_s"] = time.monotonic() - started  # since this process started training
+            self._compile_marks.setdefault("first_step", self.compile_log.mark())
             self.step += 1
             self.last_groups = groups
             if self.service is not None:
@@ -195,35 +205,26 @@ class RLLoop:
         return {} if self.service is None else self.service.accounting()
 
     def _compile_ahead(self) -> None:
-        """Compile the rl step in the background while the first groups are sampled: the learner would
-        otherwise wait idle for them, then compile (~10 s on the demo on one CPU core, minutes for a
-        large model). The rows are a guess; a batch of another row count compiles on first use."""
+        """Compile the rl step for every row bucket on a background thread (learner.compile_ahead) while the
+        first groups are sampled: the learner would otherwise wait idle for them, then compile (~10 s on the
+        demo on one CPU core, minutes for a large model), and again at each new bucket."""
         if self.compile_ahead_len is None or self.step >= self.config.train.steps:
             return
-        # the first batch's rows if every sequence is as long as the longest prompt completed to max_tokens
-        per_row = max(1, self.row_tokens // min(self.compile_ahead_len, self.row_tokens))
-        sequences = self.config.train.prompts_per_step * self.config.group_size
-        rows = bucket_rows(-(-sequences // per_row), self.row_multiple)
-        length = self.row_tokens
+        self._compiling = CompileAhead.for_run(
+            self.trainer, sequences=self.config.train.prompts_per_step * self.config.group_size,
+            row_tokens=self.row_tokens, max_sequence_len=self.config.max_sequence_len,
+            expected_len=self.compile_ahead_len, row_multiple=self.row_multiple,
+            again=self.config.train.num_iterations > 1).start()
 
-        def compile_step() -> None:
-            started = time.perf_counter()
-            try:
-                self.trainer.compile_rl_step(rows, length)
-            except Exception:  # the step compiles again on first use, and raises there if it must
-                log.warning("compiling the rl step ahead (%d x %d) failed", rows, length, exc_info=True)
-                return
-            log.info("rl step compiled ahead for %d x %d tokens in %.1f s", rows, length,
-                     time.perf_counter() - started)
-
-        self._compiling = threading.Thread(target=compile_step, name="compile-ahead", daemon=True)
-        self._compiling.start()
-
-    def _compiled(self) -> None:
-        """Wait for the compilation ahead, if any (never compile one step twice at once)."""
-        if self._compiling is not None:
-            self._compiling.join()
-            self._compiling = None
+    def compile_report(self) -> dict[str, float]:
+        """This process's compilations since the run started (learner.compile_log.summarize) and the train
+        steps compiled or loaded on the loop's own thread after its first step, which made a step wait
+        (the target is 0: learner.compile_ahead compiles every bucket beforehand)."""
+        marks = self._compile_marks
+        after = self.compile_log.since(marks["first_step"]) if "first_step" in marks else []
+        waited = [r for r in after if r.is_step and r.thread == self._loop_thread]
+        return {**summarize(self.compile_log.since(marks.get("start", 0))),
+                "step_compiles_after_first_step": float(len(waited))}
 
     def _leader_groups(self) -> list[GroupRecord]:
         """Process 0's groups for this step ([] on the others); a run process 0 stops is told to all."""
@@ -337,7 +338,6 @@ class RLLoop:
             broadcast_s = time.perf_counter() - sent
         if batch is None:
             return dict(SKIPPED)
-        self._compiled()
         metrics = self._iterate(batch)
         metrics.update(stats)
         metrics["learner_step_s"] = time.perf_counter() - started

@@ -20,7 +20,7 @@ DynamicSampling = Literal["off", "drop", "fill", "count"]
 Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
 # models.attention.IMPLEMENTATIONS and models.tunix_families.REMAT_POLICIES (tests keep them equal)
 AttentionImpl = Literal["auto", "xla", "blockwise", "pallas_gpu", "splash"]
-RematPolicy = Literal["none", "full", "save_matmuls"]
+RematPolicy = Literal["auto", "none", "full", "save_matmuls"]
 REMAT_BOOL_WORDS = {"true": "full", "yes": "full", "on": "full", "false": "none", "no": "none", "off": "none"}
 
 # The built-in policy losses (learner.algo.policy_losses); algo.algorithm also takes "package.module:function".
@@ -304,13 +304,24 @@ class TrainConfig(Section):
                                                              "by the learner: its logits memory is a few "
                                                              "copies of this × vocab in fp32, whatever the "
                                                              "batch")
-    remat: RematPolicy = Field("save_matmuls", description="what the backward pass recomputes of each decoder "
-                                                           "layer (MaxText's remat_policy): none (keep every "
-                                                           "activation), full (keep the layer input, recompute "
-                                                           "the layer: ~1/3 more compute), save_matmuls (keep the "
-                                                           "weight matmuls' outputs, recompute norms, rope, "
-                                                           "attention and activations; MaxText's 'minimal'). "
-                                                           "true/false mean full/none. Costs: docs/benchmarks.md")
+    remat: RematPolicy = Field("auto", description="what the backward pass recomputes of each decoder layer "
+                                                   "(MaxText's remat_policy): none (keep every activation), full "
+                                                   "(keep the layer input, recompute the layer: ~1/3 more "
+                                                   "compute), save_matmuls (keep the weight matmuls' outputs, "
+                                                   "recompute norms, rope, attention and activations; MaxText's "
+                                                   "'minimal'), auto (per batch shape, the cheapest of none, "
+                                                   "save_matmuls, full whose compiled step fits "
+                                                   "train.memory_budget_gib by XLA's memory analysis; more "
+                                                   "micro-batches when none fits). true/false mean full/none. "
+                                                   "Costs: docs/benchmarks.md")
+    memory_budget_gib: float | None = Field(None, gt=0, description="device memory a compiled step may use "
+                                                                    "(per device), for remat auto and the "
+                                                                    "micro-batch split; None: the device's "
+                                                                    "memory less 10 % (on CPU, half the "
+                                                                    "host's over its devices)")
+    scan_layers: bool = Field(True, description="run the decoder layers under one jax.lax.scan (MaxText's "
+                                                "scan_layers): one layer compiles whatever the depth; false "
+                                                "unrolls them (debugging)")
     attention: AttentionImpl = Field("auto", description="attention kernel (models.attention): auto picks "
                                                          "pallas_gpu on GPUs, blockwise elsewhere (TPUs "
                                                          "too: faster than splash on packed rows, measured); "

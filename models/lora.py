@@ -97,8 +97,13 @@ def apply_lora(loaded: LoadedModel, lora: LoraConfig, *, dtype: str = "float32",
         lora_a_initializer=_in_dtype(initializers.he_uniform(), jnp.dtype(dtype)),
         lora_b_initializer=_in_dtype(initializers.zeros, jnp.dtype(dtype)))
     tokens, segments = jnp.zeros((1, 1), jnp.int32), jnp.ones((1, 1), jnp.int32)
+    # qwix creates the adapters on the modules its first forward runs: unrolled, without remat, that is the
+    # model's own layers (a scanned forward runs copies rebuilt from their stacked state)
+    scan_layers, remat_policy = loaded.model.scan_layers, loaded.model.remat_policy
+    loaded.model.scan_layers, loaded.model.remat_policy = False, "none"
     model = qwix.apply_lora_to_model(loaded.model, provider, tokens, tokens, segments, methods=(FORWARD,),
                                      rngs=nnx.Rngs(seed))
+    model.scan_layers, model.remat_policy = scan_layers, remat_policy
     # qwix subclasses the model's class with a bare type(...), which makes it a Flax pytree (the default):
     # our families are graph nodes (pytree=False), and as a pytree every submodule would turn static.
     qwix_class = type(model)

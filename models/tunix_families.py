@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -189,17 +190,36 @@ REMAT_POLICIES: dict[str, Callable | None] = {
 }
 
 
-def _layer_runner(layer_fn: Callable, policy: str) -> Callable:
-    """`layer_fn`, under nnx.remat with the named policy unless it is "none"."""
+def _layer_fn(decoder_layer: Callable, graphdef: nnx.GraphDef, *, impl: str, policy: str,
+              scanned: bool) -> Callable:
+    """(layer state, x, sin, cos, segment_ids) -> x: one decoder layer rebuilt from its state, under
+    jax.checkpoint with the named policy unless it is "none".
+
+    The layer is a pure function of its state (nnx.merge inside), so the same function serves every layer of
+    a scan and nothing a forward sets on its modules leaks out: qwix's LoRA (models/lora.py) records each
+    einsum's LoRA equation on its module in every forward, which must not flow back out of a remat or a scan.
+    """
     if policy not in REMAT_POLICIES:
         raise ValueError(f"remat policy must be one of {tuple(REMAT_POLICIES)}, got {policy!r}")
+
+    def apply(state: nnx.State, x: jax.Array, sin: jax.Array, cos: jax.Array, segment_ids: jax.Array):
+        return decoder_layer(nnx.merge(graphdef, state), x, sin, cos, segment_ids, impl=impl)
+
     if policy == "none":
-        return layer_fn
-    # graph_updates=False: nothing a layer's forward sets on its modules flows back out of the remat. qwix's
-    # LoRA (models/lora.py) records each einsum's LoRA equation on its module in every forward, and
-    # propagating that update under jit(grad(...)) fails (flax: "Cannot mutate Param from a different trace
-    # level"); the forward itself changes no state, so nothing is lost.
-    return nnx.remat(layer_fn, policy=REMAT_POLICIES[policy], graph_updates=False)
+        return apply
+    # Under a scan nothing can be CSE'd across iterations, so jax.checkpoint's guard against it only costs
+    # (JAX's advice for checkpoint inside scan); unrolled, it keeps XLA from undoing the rematerialisation.
+    return jax.checkpoint(apply, policy=REMAT_POLICIES[policy], prevent_cse=not scanned)
+
+
+def stack_layers(layers: Any) -> tuple[nnx.GraphDef, nnx.State]:
+    """The first layer's graph definition and every layer's state stacked along a new leading axis.
+
+    The layers share one structure (their static attributes may differ: qwix tags each module with its own
+    path, and the first layer's tags match the same LoRA rule as every other's)."""
+    graphdef, first = nnx.split(layers[0])
+    states = [first, *(nnx.split(layer)[1] for layer in layers[1:])]
+    return graphdef, jax.tree.map(lambda *values: jnp.stack(values), *states)
 
 
 class _HiddenAndUnembed:
@@ -207,7 +227,16 @@ class _HiddenAndUnembed:
 
     `hidden_states` runs the decoder layers itself, calling tunix's submodules, so that attention is
     `models.attention.attention` over segment ids. Static attributes the trainer sets (part of the graph
-    definition): `attention_impl` (models.attention.IMPLEMENTATIONS) and `remat_policy` (REMAT_POLICIES).
+    definition): `attention_impl` (models.attention.IMPLEMENTATIONS), `remat_policy` (REMAT_POLICIES) and
+    `scan_layers`.
+
+    Layers under a scan (`scan_layers`, the default; MaxText's `scan_layers`): the layers' weights are
+    stacked along a leading axis inside the traced forward and one `jax.lax.scan` runs the layer body over
+    them, so XLA compiles one layer whatever the depth (compile time stays flat as layers grow). The stored
+    parameters keep tunix's per-layer tree (`layers.<i>.…`): HF loads and exports, LoRA, checkpoints and
+    weight pushes see no stacked layout. The price is a stacked copy of the layer weights (in the compute
+    dtype) for the step's duration and its gradient's slices back. `scan_layers = False` unrolls the layers
+    (for debugging: one HLO op per layer).
     """
 
     embedder: Any
@@ -215,6 +244,7 @@ class _HiddenAndUnembed:
     final_norm: Any
     attention_impl: str = "auto"
     remat_policy: str = "none"
+    scan_layers: bool = True
     _lib: Any  # the tunix module of the family (its `shard`)
 
     def _rope_tables(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -245,14 +275,23 @@ class _HiddenAndUnembed:
         """
         x = self.embedder.encode(input_tokens)
         sin, cos = (t.astype(x.dtype) for t in self._rope_tables(positions))
-        decoder_layer, impl = type(self)._decoder_layer, self.attention_impl
-
-        def layer_fn(layer: nnx.Module, x: jax.Array, sin: jax.Array, cos: jax.Array, segment_ids: jax.Array):
-            return decoder_layer(layer, x, sin, cos, segment_ids, impl=impl)  # nnx.remat takes no keywords
-
-        run = _layer_runner(layer_fn, self.remat_policy)
-        for layer in self.layers:
-            x = run(layer, x, sin, cos, segment_ids)
+        layer_fn = functools.partial(_layer_fn, type(self)._decoder_layer, impl=self.attention_impl,
+                                     policy=self.remat_policy, scanned=self.scan_layers)
+        if self.scan_layers:
+            graphdef, stacked = stack_layers(self.layers)
+            run = layer_fn(graphdef)
+            # a scan's carry keeps one dtype: the one a layer's output takes (float32 adapters on a bf16 base
+            # promote it, which an unrolled stack does from its second layer on)
+            first = jax.tree.map(lambda value: value[0], stacked)
+            x = x.astype(jax.eval_shape(run, first, x, sin, cos, segment_ids).dtype)
+            x, _ = jax.lax.scan(lambda h, state: (run(state, h, sin, cos, segment_ids), None), x, stacked)
+        else:  # unrolled; without remat on the modules themselves (qwix creates LoRA adapters on them so)
+            for layer in self.layers:
+                if self.remat_policy == "none":
+                    x = type(self)._decoder_layer(layer, x, sin, cos, segment_ids, impl=self.attention_impl)
+                else:
+                    graphdef, state = nnx.split(layer)
+                    x = layer_fn(graphdef)(state, x, sin, cos, segment_ids)
         return self.final_norm(x)
 
     @property

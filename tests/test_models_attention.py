@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from learner.algo.step_plan import REMAT_BY_COST
 from learner.schema import AttentionImpl, RematPolicy
 from models import attention as attention_lib
 from models.attention import IMPLEMENTATIONS, attention, canonical_segments, resolve
@@ -126,7 +127,8 @@ def test_auto_picks_by_backend_and_names_agree_with_the_config():
     with pytest.raises(ValueError, match="attention must be one of"):
         resolve("cudnn")
     assert AttentionImpl.__args__ == IMPLEMENTATIONS
-    assert RematPolicy.__args__ == tuple(REMAT_POLICIES)
+    assert RematPolicy.__args__ == ("auto", *REMAT_POLICIES)  # auto: learner.algo.step_plan picks one of them
+    assert sorted(REMAT_BY_COST) == sorted(REMAT_POLICIES)
 
 
 def test_a_kernel_that_refuses_a_shape_falls_back_to_blockwise_with_a_warning(float32_case, monkeypatch, caplog):

@@ -1,9 +1,16 @@
 """Jitted train steps for every mode over one `TrainState`: rl (GRPO / GSPO / GSPO-token), sft, pretrain.
 
-Each step splits its global batch into `micro_batches` along the rows, sums the gradients of the
+Each step splits its global batch into micro-batches along the rows, sums the gradients of the
 micro-batch losses with `lax.scan` (every micro-loss is already divided by the *global* batch's
 normaliser, so the sum is the full-batch gradient; activations live for one micro-batch at a
 time), then applies one optax update. Metrics are normalised the same way and summed too.
+
+Compilation: each (kind, batch shape) compiles once. Its remat policy and micro-batch count come from a
+`StepPlan` (learner.algo.step_plan: with remat "auto" the cheapest policy whose compiled step fits the
+device, more micro-batches when none does), chosen when the shape is first met or compiled ahead
+(`compile_rl_step`). The train state lives on fixed shardings (the params' fsdp/tp annotations, moments
+alike, scalars replicated) that every step takes and returns, so no step compiles again for a layout change.
+The jitted updates are named `train_step_<kind>` (learner.compile_log counts them).
 
 Mixed precision: the state holds the master weights (and AdamW's moments) in their own dtype,
 float32 by default; with a `compute_dtype` (bfloat16) every loss runs on a copy of the weights cast
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -49,7 +57,8 @@ from learner.algo.optim import OptimizerConfig, make_optimizer, make_schedule
 from learner.algo.policy_losses import resolve_policy_loss
 from learner.algo.rl_batch import RLBatch, empty_rl_batch
 from learner.algo.sequences import Sequences
-from learner.algo.train_state import TrainState, init_train_state
+from learner.algo.step_plan import PlanMemo, StepPlan, candidates, choose, memory_budget
+from learner.algo.train_state import TrainState, init_train_state, state_shardings
 from learner.data import TokenBatch
 from learner.mesh import BATCH_AXIS, is_leader, row_sharding, shard_rows
 from learner.metrics import Throughput, to_host
@@ -119,7 +128,8 @@ class Trainer:
         LoRA (models.lora.apply_lora) only its adapters train.
       loss: RL loss settings. β > 0 keeps a frozen copy of `loaded`'s weights as the KL reference, so a
         resumed run must load the same initial model dir before restoring its checkpoint.
-      micro_batches: gradient-accumulation factor; the batch's rows must divide by it.
+      micro_batches: gradient-accumulation factor; the batch's rows must divide by it. More are used for a
+        shape whose step does not fit the memory budget otherwise (learner.algo.step_plan).
       micro_batch_tokens: rl: tokens of a micro-batch instead (whole rows, at least one per data shard;
         `rl_row_multiple` says how many rows), so an rl batch of any size runs in bounded memory.
       temperature: the actors' sampling temperature (behaviour logprobs are log_softmax(logits / T)).
@@ -128,7 +138,11 @@ class Trainer:
       compute_dtype: dtype the steps compute in ("bfloat16" or "float32"); None: the loaded params'.
         Exports default to it. The state's params keep the loaded dtype (the master weights).
       remat: remat policy per decoder layer (models.tunix_families.REMAT_POLICIES: none, full,
-        save_matmuls).
+        save_matmuls), or "auto": per batch shape, the cheapest that fits `memory_budget_gib`.
+      memory_budget_gib: device memory a step may use (learner.algo.step_plan.memory_budget: default the
+        device's limit less 10 %).
+      scan_layers: run the decoder layers under one jax.lax.scan (compile time flat in depth); False unrolls
+        them (models.tunix_families).
       attention: attention implementation (models.attention.IMPLEMENTATIONS; auto picks by backend).
       float32_logits: with a compute dtype, unembed and log-softmax in float32 on the float32 master
         head (the hidden states cast to float32), not in the compute dtype. The KL reference keeps the
@@ -142,7 +156,7 @@ class Trainer:
                  loss: LossConfig | None = None, micro_batches: int = 1, micro_batch_tokens: int | None = None,
                  temperature: float = 1.0, chunk_tokens: int | None = 2048, compute_dtype: str | None = None,
                  remat: str = "none", attention: str = "auto", float32_logits: bool = False, seed: int = 0,
-                 skip_no_signal: bool = True):
+                 skip_no_signal: bool = True, memory_budget_gib: float | None = None, scan_layers: bool = True):
         if micro_batches < 1:
             raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
         self.loaded, self.mesh = loaded, mesh
@@ -154,15 +168,18 @@ class Trainer:
         self.float32_logits = float32_logits and compute_dtype not in (None, "float32")
         if loaded.lora is not None and self.float32_logits:
             raise ValueError("train.float32_logits needs the float32 master head, which LoRA does not keep")
-        # static attributes: part of the graph definition
-        loaded.model.remat_policy, loaded.model.attention_impl = remat, attention
-        log.info("%s; remat %s; logits in %s", describe(attention), remat,
+        self.remat, self._budget_gib = remat, memory_budget_gib
+        # static attributes: part of the graph definition (the remat policy is set per step: _merge)
+        loaded.model.attention_impl, loaded.model.scan_layers = attention, scan_layers
+        log.info("%s; remat %s; layers %s; logits in %s", describe(attention), remat,
+                 "scanned" if scan_layers else "unrolled",
                  "float32" if self.float32_logits else compute_dtype or "the params' dtype")
         self._graphdef, params, self._frozen, self._rest = self._split()
         self._tx = make_optimizer(optimizer)
         self._schedule = make_schedule(optimizer)
         with jax.set_mesh(mesh):
             self.state = init_train_state(params, self._tx, mesh=mesh, seed=seed)
+            self._state_shardings = state_shardings(self.state)
             # The frozen reference policy is the initial one, kept in the compute dtype it runs in
             # (a copy: steps donate the state).
             self._reference = None
@@ -171,7 +188,10 @@ class Trainer:
                 if compute_dtype is not None:
                     self._reference = cast_floating(self._reference, DTYPES[compute_dtype])
         self._policy_loss = resolve_policy_loss(self.loss_config)
-        self._steps: dict[str, Callable] = {}
+        self._steps: dict[tuple[str, str, int], Callable] = {}  # (kind, remat, micro-batches) -> jitted update
+        self.plans: dict[tuple[str, int, int], StepPlan] = {}  # (kind, rows, length) -> how it compiled
+        self._plan_locks: dict[tuple[str, int, int], threading.Lock] = {}
+        self._plan_locks_lock = threading.Lock()
         self.last_logps: jax.Array | None = None  # the last rl update's pre-update logprobs [B, T − 1]
 
     def _split(self) -> tuple[nnx.GraphDef, nnx.State, Frozen, nnx.State]:
@@ -218,15 +238,19 @@ class Trainer:
                                         "mask": batch.completion_mask[:, 1:]})
         return [float(q) for q in np.asarray(ratio_quantiles(old_logps, arrays["behaviour"], arrays["mask"]))]
 
-    def compile_rl_step(self, rows: int, length: int) -> None:
-        """Compile the rl step for batches of `rows` × `length` now, so that the first such step starts
-        at once (the RL loop does this while the actors sample its first groups). Thread-safe while no
-        step runs: it only reads the state's shapes and shardings."""
+    def compile_rl_step(self, rows: int, length: int, *, again: bool = False) -> StepPlan:
+        """Plan and compile the rl step for batches of `rows` × `length` now, so that the first such step
+        starts at once (the RL loop does this for every row bucket while the actors sample). `again`: the
+        later updates' step too (train.num_iterations > 1). Thread-safe: it reads only the state's shapes and
+        shardings, and a shape being compiled here is waited for, not compiled twice, by a step that needs it."""
         with jax.set_mesh(self.mesh):
-            batch = shard_rows(self.mesh, empty_rl_batch(rows, length)._asdict())
-            self._lowered("rl", batch).compile()
+            batch = self._abstract_batch(empty_rl_batch(rows, length)._asdict())
+            plan = self._plan("rl", batch)
             token = jax.ShapeDtypeStruct((rows, length - 1), jnp.float32, sharding=row_sharding(self.mesh))
+            if again:
+                self._plan("rl_again", {**batch, "old_logps": token})
             ratio_quantiles.lower(token, token, token).compile()
+        return plan
 
     def sft_step(self, batch: TokenBatch) -> dict[str, float]:
         return self._run("ce", batch._asdict(), batch.loss_mask)
@@ -234,9 +258,12 @@ class Trainer:
     pretrain_step = sft_step  # same loss; a pretrain batch's loss_mask covers every token
 
     def compiled_memory(self, kind: str, arrays: Mapping[str, np.ndarray]) -> jax.stages.CompiledMemoryStats:
-        """XLA's memory analysis of the compiled `kind` step ("rl" or "ce") on host `arrays` (compiled, not run)."""
+        """XLA's memory analysis of the compiled `kind` step ("rl" or "ce") on host `arrays` (compiled, not run),
+        under the plan the trainer takes for that shape."""
         with jax.set_mesh(self.mesh):
-            return self._lowered(kind, shard_rows(self.mesh, dict(arrays))).compile().memory_analysis()
+            batch = self._abstract_batch(arrays)
+            plan = self._plan(kind, batch)
+            return self._lowered(kind, plan, batch).compile().memory_analysis()
 
     @property
     def lora(self) -> LoraConfig | None:
@@ -310,32 +337,71 @@ class Trainer:
         with Throughput() as meter, jax.set_mesh(self.mesh):
             batch = shard_rows(self.mesh, {k: v for k, v in arrays.items() if isinstance(v, np.ndarray)})
             batch.update({k: v for k, v in arrays.items() if not isinstance(v, np.ndarray)})  # already placed
-            self.state, metrics, logps = self._step(kind)(self.state, batch, self._reference, self._frozen)
+            plan = self._plan(kind, batch)
+            self.state, metrics, logps = self._step(kind, plan)(self.state, batch, self._reference, self._frozen)
             if kind.startswith("rl"):
                 self.last_logps = logps
             metrics = to_host(metrics)
         return {**metrics, **meter.metrics(int(arrays["attention_mask"].sum()))}
 
-    def _step(self, kind: str) -> Callable:
-        """The jitted update of `kind` (one per kind; jax caches its compilations per batch shape):
-        "rl" (a batch's first update), "rl_again" (a later one: π_old given) or "ce" (sft, pretrain)."""
-        if kind not in self._steps:
+    def _step(self, kind: str, plan: StepPlan) -> Callable:
+        """The jitted update of `kind` under `plan`'s remat and micro-batches (jax caches its compilations per
+        batch shape): "rl" (a batch's first update), "rl_again" (a later one: π_old given) or "ce" (sft,
+        pretrain). Named train_step_<kind> for learner.compile_log."""
+        key = (kind, plan.remat, plan.parts)
+        if key not in self._steps:
             loss_fn = self._ce_loss if kind == "ce" else functools.partial(self._rl_loss, given_old=kind == "rl_again")
-            self._steps[kind] = jax.jit(functools.partial(self._update, loss_fn=loss_fn, kind=kind),
-                                        donate_argnums=0)
-        return self._steps[kind]
+            update = functools.partial(self._update, loss_fn=functools.partial(loss_fn, remat=plan.remat), kind=kind,
+                                       parts=plan.parts)
 
-    def _lowered(self, kind: str, batch: Batch) -> jax.stages.Lowered:
-        return self._step(kind).lower(self.state, batch, self._reference, self._frozen)
+            def step(state: TrainState, batch: Batch, reference: nnx.State | None, frozen: Frozen):
+                return update(state, batch, reference, frozen)
+
+            step.__name__ = step.__qualname__ = f"train_step_{kind}"
+            self._steps[key] = jax.jit(step, donate_argnums=0)
+        return self._steps[key]
+
+    def _lowered(self, kind: str, plan: StepPlan, batch: Batch) -> jax.stages.Lowered:
+        return self._step(kind, plan).lower(self.state, batch, self._reference, self._frozen)
+
+    def _abstract_batch(self, arrays: Mapping[str, np.ndarray | jax.Array]) -> Batch:
+        """Shapes, dtypes and row shardings of a batch, for compiling without placing it."""
+        sharding = row_sharding(self.mesh)
+        return {k: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype if isinstance(v, np.ndarray) else v.dtype,
+                                        sharding=sharding) for k, v in arrays.items()}
+
+    def _plan(self, kind: str, batch: Batch) -> StepPlan:
+        """The plan of `kind` steps on batches shaped like `batch`, compiled on first need (one thread compiles
+        a shape; another needing it waits): the configured remat and micro-batches, or (learner.algo.
+        step_plan) the cheapest that fit the memory budget."""
+        rows, length = batch["input_ids"].shape
+        key = (kind, rows, length)
+        with self._plan_locks_lock:
+            lock = self._plan_locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self.plans:
+                parts, budget = self._parts(kind, rows, length), memory_budget(self._budget_gib)
+                memo = PlanMemo.for_jax_cache()
+                fingerprint = memo.fingerprint(
+                    kind, rows, length, self.remat, parts, budget, self.mesh.devices.shape,
+                    jax.devices()[0].device_kind, jax.__version__, self.loaded.hf_config, self.compute_dtype,
+                    self.chunk_tokens, self.loss_config, self.lora, self.loaded.model.attention_impl,
+                    self.loaded.model.scan_layers, self.float32_logits)
+                self.plans[key] = choose(lambda remat, parts: self._lowered(kind, StepPlan(remat, parts, 0),
+                                                                            batch).compile(),
+                                         candidates(self.remat, parts, rows, self.mesh.shape[BATCH_AXIS]), budget,
+                                         what=f"{kind} step {rows} x {length}", remembered=memo.get(fingerprint))
+                memo.put(fingerprint, self.plans[key])
+            return self.plans[key]
 
     def _normalizer(self, batch: Batch, kind: str) -> Normalizer:
         mask = batch["loss_mask" if kind == "ce" else "completion_mask"][:, 1:]
         return normalizer_for(mask, Sequences.of(batch["segment_ids"][:, 1:]))
 
     def _update(self, state: TrainState, batch: Batch, reference: nnx.State | None, frozen: Frozen, *,
-                loss_fn: LossFn, kind: str) -> tuple[TrainState, dict[str, jax.Array], jax.Array]:
+                loss_fn: LossFn, kind: str, parts: int) -> tuple[TrainState, dict[str, jax.Array], jax.Array]:
         norm = self._normalizer(batch, kind)
-        k = self._parts(kind, *batch["input_ids"].shape)
+        k = parts
         # Micro-batch j takes rows j, j+k, j+2k, ...: each keeps rows spread over all fsdp shards.
         micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), batch)
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -350,29 +416,33 @@ class Trainer:
         zeros = jax.tree.map(jnp.zeros_like, ((loss_shape, metric_shapes), grad_shapes))
         ((loss, metrics), grads), logps = jax.lax.scan(accumulate, zeros, micro)
         logps = logps.swapaxes(0, 1).reshape(batch["input_ids"].shape[0], *logps.shape[2:])  # the batch's row order
+        logps = jax.lax.with_sharding_constraint(logps, row_sharding(self.mesh))  # as a later update takes it
         updates, opt_state = self._tx.update(grads, state.opt_state, state.params)
         metrics = {"loss": loss, **metrics, "grad_norm": optax.tree.norm(grads),
                    "update_norm": optax.tree.norm(updates), "learning_rate": self._schedule(state.step),
                    "update_skipped": jnp.zeros(())}
         new_state = TrainState(params=optax.apply_updates(state.params, updates), opt_state=opt_state,
                                step=state.step + 1, rng=state.rng)
-        return new_state, metrics, logps
+        # the state leaves on the shardings it came in on, so the next step finds the layout it compiled for
+        return jax.lax.with_sharding_constraint(new_state, self._state_shardings), metrics, logps
 
-    def _merge(self, params: nnx.State, frozen: Frozen) -> nnx.Module:
+    def _merge(self, params: nnx.State, frozen: Frozen, remat: str = "none") -> nnx.Module:
         """The model on `params` cast to the compute dtype (the gradient flows back through the cast) and the
-        frozen base, if any."""
+        frozen base, if any, its layers under the `remat` policy."""
         if self.compute_dtype is not None:
             params = cast_floating(params, DTYPES[self.compute_dtype])
-        return nnx.merge(self._graphdef, params, *frozen, self._rest)
+        model = nnx.merge(self._graphdef, params, *frozen, self._rest)
+        model.remat_policy = remat
+        return model
 
     def _float32_head(self, params: nnx.State) -> nnx.Module | None:
         """The model on the float32 master `params`, whose head unembeds under float32_logits; else None."""
         return nnx.merge(self._graphdef, params, self._rest) if self.float32_logits else None
 
     def _rl_loss(self, params: nnx.State, mb: Batch, norm: Normalizer, reference: nnx.State | None,
-                 frozen: Frozen, *, given_old: bool):
+                 frozen: Frozen, *, given_old: bool, remat: str = "none"):
         def logprobs(p: nnx.State, head: nnx.Module | None) -> tuple[jax.Array, jax.Array]:
-            model = self._merge(p, frozen)
+            model = self._merge(p, frozen, remat)
             hidden = packed_hidden(model, mb["input_ids"], mb["segment_ids"], mb["positions"])[:, :-1]
             head, hidden = head_and_hidden(model, hidden, head)
             return logprobs_from_hidden(head, hidden, mb["input_ids"][:, 1:], temperature=self.temperature,
@@ -389,9 +459,9 @@ class Trainer:
         return loss, (metrics, jax.lax.stop_gradient(logps))
 
     def _ce_loss(self, params: nnx.State, mb: Batch, norm: Normalizer, reference: nnx.State | None,
-                 frozen: Frozen):
+                 frozen: Frozen, *, remat: str = "none"):
         del reference  # no KL term in sft / pretrain
-        loss, metrics = masked_cross_entropy(self._merge(params, frozen), mb, mb["input_ids"][:, 1:], norm,
+        loss, metrics = masked_cross_entropy(self._merge(params, frozen, remat), mb, mb["input_ids"][:, 1:], norm,
                                              self.chunk_tokens, float32_head=self._float32_head(params))
         return loss, (metrics, jnp.zeros((mb["input_ids"].shape[0], 0), jnp.float32))
 
