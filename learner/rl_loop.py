@@ -348,8 +348,9 @@ class RLLoop:
 
     def _iterate(self, batch: RLBatch) -> dict[str, float]:
         """`train.num_iterations` updates on one batch (PPO's epochs, μ in GRPO). The later ones take the
-        first update's pre-update logprobs as π_old (an off-policy correction's ratio and its trust region;
-        without a correction the clip is against the behaviour logprobs), so the clip keeps binding as the
+        first update's pre-update logprobs as π_old (an off-policy correction's ratio, and the trust region
+        of one that reweights; without a correction or with a mask the clip is against the behaviour
+        logprobs, learner.algo.corrections.proximal_logps), so the clip keeps binding as the
         policy moves. The step's metrics are the first update's (the batch as it arrived, comparable
         across μ); `*_last` say where the last update started from."""
         metrics = self.trainer.rl_step(batch)
