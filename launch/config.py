@@ -167,7 +167,7 @@ class TandemConfig(Section):
     data: DataConfig = Field(DataConfig(), description="training and held-out data")
     optim: OptimizerConfig = Field(OptimizerConfig(), description="AdamW and its schedule")
     train: TrainConfig = Field(TrainConfig(), description=TrainConfig.__doc__)
-    algo: LossConfig = Field(LossConfig(), description="the policy-gradient loss (rl)")
+    algo: LossConfig = Field(default_factory=LossConfig, description="the policy-gradient loss (rl)")
     rollout: RolloutConfig = Field(RolloutConfig(), description="actors, admission and the fleet (rl)")
     rewards: RewardsConfig = Field(RewardsConfig(), description="reward functions and workers (rl, eval)")
     server: ServerConfig = Field(ServerConfig(), description=ServerConfig.__doc__)
@@ -212,7 +212,7 @@ class TandemConfig(Section):
         train, rollout = self.train, self.rollout
         return RLLoopConfig(
             train=train, group_size=rollout.group_size, publish_every=rollout.publish_every,
-            max_sequence_len=rollout.max_prompt_tokens + self.completion_tokens)
+            max_sequence_len=rollout.max_prompt_tokens + self.completion_tokens, loss=self.algo)
 
     def actor_config(self, model_dir: str | Path) -> ActorConfig:
         """What each rollout actor runs; ``model_dir`` is the model being trained (weight version 0)."""

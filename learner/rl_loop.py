@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from learner.algo.advantages import group_advantages, has_signal
+from learner.algo.advantages import group_advantages, has_signal, resolve_estimator
 from learner.algo.rl_batch import RLBatch, assemble_rl_batch, group_statistics
 from learner.algo.train_step import SKIPPED, Trainer
 from learner.algo.turn_advantages import TurnAdvantageFn, resolve_turn_advantage, token_advantages
@@ -74,8 +74,9 @@ def build_batch(groups: list[GroupRecord], loss: LossConfig, rule: TurnAdvantage
                 row_tokens: int, row_multiple: int, current_version: int) -> tuple[RLBatch, dict[str, float]]:
     """A step's groups → its batch and statistics: the estimator's advantages (algo.estimator), each turn's
     on its tokens (algo.advantage), the sequences packed into rows of `row_tokens`."""
-    scored = group_advantages(group_rewards(groups), estimator=loss.estimator, dynamic_sampling=loss.dynamic_sampling)
-    advantages = token_advantages(groups, scored, rule, std_normalize=loss.estimator in ("grpo", "reinforce_pp"))
+    estimator = resolve_estimator(loss.estimator)
+    scored = group_advantages(group_rewards(groups), estimator=estimator.fn, dynamic_sampling=loss.dynamic_sampling)
+    advantages = token_advantages(groups, scored, rule, std_normalize=estimator.divides_by_std)
     batch, stats = assemble_rl_batch(groups, advantages, scored.weights, pad_id=pad_id, row_tokens=row_tokens,
                                      row_multiple=row_multiple)
     return batch, {**stats, **group_statistics(groups, scored, current_version)}
@@ -120,7 +121,7 @@ class RLLoop:
         self.stopped_by_guard = ""
         self.finished_early = ""  # why the run ended before train.steps at a target (finish_early)
         self._detector = JumpDetector(config.train.guard)
-        self.advantage = resolve_turn_advantage(trainer.loss_config.advantage)
+        self.advantage = resolve_turn_advantage(config.loss.advantage)
 
     def abort(self, reason: str) -> None:
         """Stop waiting for groups: ``run`` raises NoRolloutsError(reason) within seconds. Thread-safe
@@ -288,7 +289,7 @@ class RLLoop:
         """`prompts_per_step` groups; waits while actors sample. With dynamic_sampling='fill' only
         groups with signal count: the zero-signal ones are retired (marked consumed) and counted, and
         after max_fill_batches × P groups the step trains on the groups with signal it has."""
-        fill = self.trainer.loss_config.dynamic_sampling == "fill"
+        fill = self.config.loss.dynamic_sampling == "fill"
         wanted = self.config.train.prompts_per_step
         groups: list[GroupRecord] = []
         taken = 0
@@ -328,7 +329,7 @@ class RLLoop:
         started = time.perf_counter()
         batch, stats = None, {}
         if groups:  # none: dynamic_sampling='fill' found no group with signal (or not process 0)
-            batch, stats = build_batch(groups, self.trainer.loss_config, self.advantage, pad_id=self.pad_id,
+            batch, stats = build_batch(groups, self.config.loss, self.advantage, pad_id=self.pad_id,
                                        row_tokens=self.row_tokens, row_multiple=self.row_multiple,
                                        current_version=self.version)
         broadcast_s = 0.0
@@ -347,8 +348,9 @@ class RLLoop:
 
     def _iterate(self, batch: RLBatch) -> dict[str, float]:
         """`train.num_iterations` updates on one batch (PPO's epochs, μ in GRPO). The later ones take the
-        first update's pre-update logprobs as π_old (an off-policy correction's ratio and its trust region;
-        without a correction the clip is against the behaviour logprobs), so the clip keeps binding as the
+        first update's pre-update logprobs as π_old (an off-policy correction's ratio, and the trust region
+        of one that reweights; without a correction or with a mask the clip is against the behaviour
+        logprobs, learner.algo.corrections.proximal_logps), so the clip keeps binding as the
         policy moves. The step's metrics are the first update's (the batch as it arrived, comparable
         across μ); `*_last` say where the last update started from."""
         metrics = self.trainer.rl_step(batch)

@@ -10,35 +10,25 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from learner.guard import GuardConfig
 from tandem_wire.weights.chunks import WEIGHT_CHUNK_BYTES
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant"]
 DynamicSampling = Literal["off", "drop", "fill", "count"]
-Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
 # models.attention.IMPLEMENTATIONS and models.tunix_families.REMAT_POLICIES (tests keep them equal)
 AttentionImpl = Literal["auto", "xla", "blockwise", "pallas_gpu", "splash"]
 RematPolicy = Literal["auto", "none", "full", "save_matmuls"]
 REMAT_BOOL_WORDS = {"true": "full", "yes": "full", "on": "full", "false": "none", "no": "none", "off": "none"}
 
-# The built-in policy losses (learner.algo.policy_losses); algo.algorithm also takes "package.module:function".
-ALGORITHMS: tuple[str, ...] = ("grpo", "gspo", "gspo-token", "cispo", "decoupled_ppo")
-SEQUENCE_RATIO_LOSSES: tuple[str, ...] = ("gspo", "gspo-token")
 AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant")
 DYNAMIC_SAMPLING: tuple[str, ...] = ("off", "drop", "fill", "count")
-ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
-
-
-def _known_loss(name: str) -> str:
-    if name not in ALGORITHMS and ":" not in name:
-        raise ValueError(f"must be one of {ALGORITHMS} or 'package.module:function', got {name!r}")
-    return name
 
 
 # Off-policy corrections (learner.algo.corrections): each reweights or masks the loss by the ratio
-# ρ = π_old / π_behaviour of the learner's own pre-update policy to the one the actors sampled with.
+# ρ = π_old / π_behaviour of the learner's own pre-update policy to the one the actors sampled with
+# (DeepSeek-V3.2's mask by the drift of π_θ from π_behaviour).
 
 
 class TokenTIS(BaseModel):
@@ -50,10 +40,21 @@ class TokenTIS(BaseModel):
 
 
 class IcePop(BaseModel):
-    """Token mask (IcePop, Ring-1T): a token whose ρ_t lies outside [low, high] leaves the loss."""
+    """IcePop (Ring-1T, arXiv 2510.18855): w_t = M(ρ_t) = ρ_t inside [low, high], 0 outside; the defaults
+    are the paper's run's α = 0.5, β = 5."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["icepop"] = "icepop"
+    low: float = Field(0.5, gt=0, description="α: tokens with ρ_t < low leave the loss")
+    high: float = Field(5.0, gt=0, description="β: tokens with ρ_t > high leave the loss")
+
+
+class TokenMask(BaseModel):
+    """Token-level rejection (verl's term): a token whose ρ_t lies outside [low, high] leaves the loss, the
+    others keep weight 1 (IcePop's band without its reweighting)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["token_mask"] = "token_mask"
     low: float = Field(0.5, gt=0, description="tokens with ρ_t < low are masked")
     high: float = Field(2.0, gt=0, description="tokens with ρ_t > high are masked")
 
@@ -76,17 +77,32 @@ class SequenceTIS(BaseModel):
 
 
 class OffPolicySequenceMask(BaseModel):
-    """DeepSeek-V3.2's off-policy sequence mask: a sequence with negative advantage whose mean
-    log(π_behaviour / π_old) over its tokens (a KL estimate) exceeds delta leaves the loss."""
+    """DeepSeek-V3.2's off-policy sequence mask (arXiv 2512.02556): a sequence with negative advantage whose
+    mean log(π_behaviour / π_θ) over its tokens (a KL estimate of the policy being trained from the one
+    that sampled it) exceeds delta leaves the loss."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["offpolicy_seq_mask"] = "offpolicy_seq_mask"
     delta: float = Field(0.05, ge=0, description="the KL above which a negative-advantage sequence is masked")
 
 
-Correction = Annotated[TokenTIS | IcePop | GeometricSequenceMask | SequenceTIS | OffPolicySequenceMask,
+Correction = Annotated[TokenTIS | IcePop | TokenMask | GeometricSequenceMask | SequenceTIS | OffPolicySequenceMask,
                        Field(discriminator="kind")]
-CORRECTIONS: tuple[str, ...] = ("token_tis", "icepop", "seq_mask_geo", "seq_tis", "offpolicy_seq_mask")
+
+
+def _policy_loss(ref: str):
+    """The registry's record of policy loss `ref` (learner.algo.policy_losses, imported when a config is
+    validated: the registry is the one list of names)."""
+    from learner.algo.policy_losses import lookup_policy_loss
+
+    return lookup_policy_loss(ref)
+
+
+def _estimator(ref: str):
+    """The registry's record of estimator `ref` (learner.algo.advantages)."""
+    from learner.algo.advantages import resolve_estimator
+
+    return resolve_estimator(ref)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,11 +111,12 @@ class LossConfig:
 
     __pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    algorithm: Annotated[str, AfterValidator(_known_loss)] = "grpo"
+    algorithm: str = "grpo"
     """the policy loss (learner.algo.policy_losses): 'grpo' (PPO's clipped token ratio), 'gspo' (sequence
     ratio), 'gspo-token', 'cispo' (MiniMax-M1: clipped, stop-gradient IS weight on every token's
     log-probability), 'decoupled_ppo' (AReaL: clip against the learner's own old policy, weighted by
-    π_old / π_behaviour and masked above loss_kwargs.cap), or 'package.module:function'"""
+    π_old / π_behaviour and masked above loss_kwargs.cap), a name registered with @policy_loss, or
+    'package.module:function'"""
     loss_kwargs: dict[str, float | int | bool | str] = dataclasses.field(default_factory=dict)
     """keyword arguments of the policy loss (e.g. {cap: 5.0} for decoupled_ppo; a user's loss's own)"""
     epsilon_low: float = 0.2
@@ -113,15 +130,17 @@ class LossConfig:
     (Dr.GRPO: sum of tokens / (N_seq * constant_normalizer))"""
     constant_normalizer: float | None = None
     """L for aggregation='constant' (e.g. the max completion length)"""
-    estimator: Estimator = "grpo"
+    estimator: str = "grpo"
     """the advantage estimator (learner.algo.advantages): 'grpo' (group mean and std), 'dr_grpo' (group
     mean only), 'rloo' (leave-one-out mean), 'reinforce_pp' (REINFORCE++-baseline: group mean, then the
-    batch's std)"""
+    batch's std), a name registered with @estimator, or 'package.module:function'"""
     correction: Correction | None = None
     """off-policy correction by the ratio of the learner's own old policy to the actors' (learner.algo.
-    corrections): {kind: token_tis, cap}, {kind: icepop, low, high}, {kind: seq_mask_geo, low, high},
-    {kind: seq_tis, cap}, {kind: offpolicy_seq_mask, delta}; None: the clip is taken against the
-    actors' policy and nothing is reweighted"""
+    corrections): {kind: token_tis, cap}, {kind: icepop, low, high}, {kind: token_mask, low, high},
+    {kind: seq_mask_geo, low, high}, {kind: seq_tis, cap}, {kind: offpolicy_seq_mask, delta}; the
+    reweighting ones (token_tis, icepop, seq_tis) move the clip to the learner's old policy, the masks
+    keep it on the actors'; None: the clip is taken against the actors' policy and nothing is
+    reweighted"""
     dynamic_sampling: DynamicSampling = "off"
     """groups whose rewards are all equal carry no signal: 'drop' removes them from the loss (and its
     denominators); 'fill' (DAPO) has the RL loop retire them and take more groups until the batch is
@@ -130,19 +149,17 @@ class LossConfig:
     """how a multi-turn trajectory's credit is spread over its turns: 'trajectory' (every turn gets the
     trajectory's advantage), 'reward_to_go' (a turn gets the rewards from it on), 'per_turn_grpo'
     (each turn's reward normalised against the same turn of the group's other trajectories; biased, see
-    learner.algo.turn_advantages) or 'package.module:function'; only 'trajectory' goes with GSPO and
-    with the rloo estimator"""
+    learner.algo.turn_advantages) or 'package.module:function'; only 'trajectory' goes with a loss whose
+    ratio is per sequence (GSPO) and with an estimator without a group baseline (rloo)"""
 
     def __post_init__(self) -> None:
-        _known_loss(self.algorithm)
+        loss, estimator = _policy_loss(self.algorithm), _estimator(self.estimator)
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
         if self.dynamic_sampling not in DYNAMIC_SAMPLING:
             raise ValueError(
                 f"dynamic_sampling must be one of {DYNAMIC_SAMPLING}, got {self.dynamic_sampling!r}"
             )
-        if self.estimator not in ESTIMATORS:
-            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
         if not (0.0 <= self.epsilon_low < 1.0) or self.epsilon_high < 0.0:
             raise ValueError(
                 f"need 0 <= epsilon_low < 1 and epsilon_high >= 0, "
@@ -152,18 +169,19 @@ class LossConfig:
             raise ValueError(f"beta must be >= 0, got {self.beta}")
         if self.aggregation == "constant" and not (self.constant_normalizer and self.constant_normalizer > 0):
             raise ValueError("aggregation='constant' needs a positive constant_normalizer")
-        if self.advantage != "trajectory" and self.algorithm in SEQUENCE_RATIO_LOSSES:
+        if self.advantage != "trajectory" and loss.sequence_ratio:
             raise ValueError(f"advantage={self.advantage!r} gives each turn its own advantage, but "
                              f"{self.algorithm}'s sequence ratio takes one per sequence: use algorithm='grpo' "
                              "or advantage='trajectory'")
-        if self.advantage != "trajectory" and self.estimator == "rloo":
-            raise ValueError(f"advantage={self.advantage!r} spreads a group baseline over turns, but rloo's "
-                             "baseline is each completion's own (leave-one-out): use advantage='trajectory'")
+        if self.advantage != "trajectory" and not estimator.group_baseline:
+            raise ValueError(f"advantage={self.advantage!r} spreads a group baseline over turns, but "
+                             f"{self.estimator}'s baseline is each completion's own (e.g. leave-one-out): use "
+                             "advantage='trajectory'")
         if self.algorithm == "decoupled_ppo" and self.correction is not None:
             raise ValueError("decoupled_ppo carries its own correction (π_old / π_behaviour, masked above "
                              "loss_kwargs.cap): set algo.correction to null")
         band = self.correction
-        if isinstance(band, IcePop | GeometricSequenceMask) and not band.low < band.high:
+        if isinstance(band, IcePop | TokenMask | GeometricSequenceMask) and not band.low < band.high:
             raise ValueError(f"correction {band.kind}: need low < high, got {band.low}, {band.high}")
 
 
@@ -368,6 +386,8 @@ class RLLoopConfig:
     train.row_tokens says otherwise"""
     publish_every: int
     """publish new weights every this many steps"""
+    loss: LossConfig
+    """the run's `algo` section: the estimator and advantage rule the loop applies, and dynamic sampling"""
     batch_timeout_s: float = 900.0
     """give up when no group arrives for this long"""
 

@@ -83,7 +83,7 @@ def test_role_configs_have_no_defaults_of_their_own_for_what_the_run_config_supp
         "max_weight_streams", "max_weight_streams_per_actor", "max_anonymous_weight_streams", "unary_workers",
         "unary_calls_per_actor", "unverified_unary_calls", "status_workers", "stream_idle_timeout_s", "mode"}
     loop_fields = {f.name for f in dataclasses.fields(RLLoopConfig) if f.default is dataclasses.MISSING}
-    assert loop_fields == {"train", "group_size", "max_sequence_len", "publish_every"}
+    assert loop_fields == {"train", "group_size", "max_sequence_len", "publish_every", "loss"}
     own = set(ActorConfig.model_fields) - set(EngineSettings.model_fields)
     assert all(ActorConfig.model_fields[name].is_required() for name in own)
 

@@ -1,5 +1,5 @@
 """Advantage estimators: GRPO against tunix's, Dr.GRPO, RLOO and REINFORCE++-baseline against their papers'
-formulas, unscorable completions, dynamic sampling."""
+formulas, unscorable completions, dynamic sampling, and a user's estimator by reference."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tunix.rl.grpo import grpo_learner
 
-from learner.algo.advantages import group_advantages
+from learner.algo.advantages import group_advantages, resolve_estimator
 
 
 def test_equals_tunix_when_every_completion_is_scorable():
@@ -87,3 +87,17 @@ def test_bad_input_is_rejected():
         group_advantages(np.zeros((2, 2)), np.ones((2, 3), bool))
     with pytest.raises(ValueError, match="dynamic_sampling"):
         group_advantages(np.zeros((2, 2)), dynamic_sampling="sometimes")
+    with pytest.raises(ValueError, match="unknown estimator"):
+        group_advantages(np.zeros((2, 2)), estimator="ppo")
+
+
+def test_a_users_estimator_by_reference():
+    """`package.module:function`, registered nowhere: its advantages (R − the group's median) where the group
+    has signal, 0 for unscorable completions and zero-signal groups; undecorated, it divides by no std."""
+    ref = "tests.user_estimator:median_baseline"
+    rewards = np.array([[0.0, 1.0, 1.0, 5.0], [2.0, 2.0, 2.0, 2.0], [np.nan, 3.0, 1.0, 0.0]])
+    out = group_advantages(rewards, estimator=ref)
+    np.testing.assert_allclose(out.advantages, [[-1, 0, 0, 4], [0, 0, 0, 0], [0, 2, 0, -1]])
+    record = resolve_estimator(ref)
+    assert not record.divides_by_std and record.group_baseline
+    assert resolve_estimator("grpo").divides_by_std and not resolve_estimator("rloo").group_baseline

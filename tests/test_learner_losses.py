@@ -15,11 +15,12 @@ from test_learner_tiny_model import EOS_ID, PAD_ID, make_batch, tiny_qwen2
 from tunix.rl import common as tunix_common
 from tunix.rl.grpo import dapo_learner, grpo_learner
 
+from learner.algo.advantages import estimator
 from learner.algo.logprobs import per_token_logprobs
 from learner.algo.losses import AGGREGATIONS, LossConfig, Normalizer, aggregate, k3_kl, normalizer_for, rl_loss
-from learner.algo.policy_losses import resolve_policy_loss
+from learner.algo.policy_losses import policy_loss, resolve_policy_loss
 from learner.algo.sequences import Sequences
-from learner.schema import GeometricSequenceMask, IcePop, OffPolicySequenceMask, SequenceTIS, TokenTIS
+from learner.schema import GeometricSequenceMask, IcePop, OffPolicySequenceMask, SequenceTIS, TokenMask, TokenTIS
 
 VOCAB = 40
 
@@ -193,8 +194,13 @@ def np_policy_loss(name, lp, old, behaviour, adv, mask, proximal, cap=5.0):
     raise AssertionError(name)
 
 
-def np_correction(c, old, behaviour, adv, mask):
-    """(weights, keep) per token."""
+def np_correction(c, old, behaviour, adv, mask, current=None):
+    """(weights, keep) per token; `current` is π_θ's logprobs (default: π_old's, a batch's first update).
+
+    IcePop (Ring-1T, arXiv 2510.18855): M(k) = k if α ≤ k ≤ β else 0, k = π_train/π_infer = π_old/μ.
+    DeepSeek-V3.2 (arXiv 2512.02556): M_i = 0 if Â_i < 0 and (1/|o_i|) Σ_t log(μ(o_t)/π_θ(o_t)) > δ, else 1,
+    μ the policy that sampled o_i."""
+    current = old if current is None else current
     log_rho = old - behaviour
     rho = np.exp(log_rho)
     ones = np.ones_like(rho)
@@ -203,6 +209,8 @@ def np_correction(c, old, behaviour, adv, mask):
     if c.kind == "token_tis":
         return np.minimum(rho, c.cap), ones
     if c.kind == "icepop":
+        return np.where((c.low <= rho) & (rho <= c.high), rho, 0.0), ones
+    if c.kind == "token_mask":
         return ones, ((rho >= c.low) & (rho <= c.high)).astype(float)
     if c.kind == "seq_mask_geo":
         g = np.exp(_seq_mean(log_rho, mask))
@@ -210,9 +218,18 @@ def np_correction(c, old, behaviour, adv, mask):
     if c.kind == "seq_tis":
         return np.minimum(np.exp(_seq_sum(log_rho * mask)), c.cap), ones
     if c.kind == "offpolicy_seq_mask":
-        kl = _seq_mean(behaviour - old, mask)
+        kl = _seq_mean(behaviour - current, mask)
         return ones, 1.0 - ((adv < 0) & (kl > c.delta)).astype(float)
     raise AssertionError(c)
+
+
+# The clip rule: a correction that reweights by π_old/μ is the decoupled form (clip π_θ/π_old, as IcePop's
+# and TIS's objectives); a mask alone, or nothing, clips π_θ/μ (DeepSeek-V3.2's objective, PPO on μ).
+REWEIGHTING = ("token_tis", "icepop", "seq_tis")
+
+
+def np_proximal(c, old, behaviour):
+    return old if c is not None and c.kind in REWEIGHTING else behaviour
 
 
 def ours(config, lp, old, behaviour, adv, mask, ref=None, *, given_old=True, segments=SEGMENTS):
@@ -234,8 +251,8 @@ def finite_difference(f, x, h=1e-6):
     return grad
 
 
-CORRECTIONS = [None, TokenTIS(cap=1.2), IcePop(low=0.7, high=1.4), GeometricSequenceMask(low=0.9, high=1.1),
-               SequenceTIS(cap=1.5), OffPolicySequenceMask(delta=0.05)]
+CORRECTIONS = [None, TokenTIS(cap=1.2), IcePop(low=0.7, high=1.4), TokenMask(low=0.7, high=1.4),
+               GeometricSequenceMask(low=0.9, high=1.1), SequenceTIS(cap=1.5), OffPolicySequenceMask(delta=0.05)]
 
 
 @pytest.mark.parametrize("name", ["grpo", "gspo", "decoupled_ppo"])
@@ -248,11 +265,11 @@ def test_losses_with_corrections_match_numpy_in_value_and_gradient(name, correct
     config = LossConfig(algorithm=name, epsilon_low=EPS[0], epsilon_high=EPS[1], correction=correction,
                         loss_kwargs={"cap": 1.6} if name == "decoupled_ppo" else {})
     lp, old, behaviour, _, mask, adv = _case(seed=1)
-    proximal = behaviour if correction is None else old
-    weights, keep = np_correction(correction, old, behaviour, adv, mask)
+    proximal = np_proximal(correction, old, behaviour)
+    weights, keep = np_correction(correction, old, behaviour, adv, mask, current=lp)
     kwargs = {"cap": 1.6} if name == "decoupled_ppo" else {}
 
-    def np_loss(x):
+    def np_loss(x):  # (w, k) are stop-gradient: from lp, not x
         return _np_aggregate(keep * weights * np_policy_loss(name, x, old, behaviour, adv, mask, proximal, **kwargs),
                              mask, "token-mean")
 
@@ -265,6 +282,79 @@ def test_losses_with_corrections_match_numpy_in_value_and_gradient(name, correct
     if correction is not None:  # the case exercises the correction: something is capped or masked
         assert (weights < np.exp(old - behaviour) - 1e-12).any() or (keep[mask > 0] == 0).any()
     np.testing.assert_allclose(metrics["is_weight_mean"], (weights * keep * mask).sum() / mask.sum(), rtol=1e-10)
+
+
+def _stale_case(seed, first_update):
+    """A packed case with stale tokens: a fifth of μ's logprobs are 3 to 8 nats off either way, so
+    |log ρ| reaches 8. On a batch's first update π_old = π_θ; on a later one π_θ has moved from π_old by a
+    per-sequence shift (the sequences whose drift from μ differs between the two) and token noise."""
+    lp, _, _, _, mask, adv = _case(seed)
+    rng = np.random.default_rng(seed + 100)
+    seq = lambda scale: np.take_along_axis(rng.normal(0, scale, (3, 4)), SEGMENTS, axis=1)  # noqa: E731
+    old = lp.copy() if first_update else lp + seq(0.3) + rng.normal(0, 0.1, lp.shape)
+    stale = (rng.random(lp.shape) < 0.2) * rng.choice([-1.0, 1.0], lp.shape) * rng.uniform(3, 8, lp.shape)
+    stale[1, 3], stale[2, 8] = 8.0, -8.0  # the extremes, whatever the draw
+    behaviour = old + seq(0.2) + rng.normal(0, 0.3, lp.shape) + stale
+    return lp, old, behaviour, mask, adv
+
+
+PAPERS = [None, TokenTIS(cap=2.0), IcePop(), TokenMask(), OffPolicySequenceMask(delta=0.05)]
+
+
+@pytest.mark.parametrize("first_update", [True, False], ids=["first", "later"])
+@pytest.mark.parametrize("name", ["grpo", "gspo"])
+@pytest.mark.parametrize("correction", PAPERS, ids=lambda c: "none" if c is None else c.kind)
+def test_the_papers_corrections_with_stale_tokens_match_numpy(correction, name, first_update):
+    """IcePop at the paper's band, the token mask, DeepSeek-V3.2's mask (drift from μ to π_θ) and the clip
+    rule, against the papers' objectives in float64 on packed rows, values and gradients, on a batch's
+    first update (π_old = sg[π_θ]) and a later one."""
+    lp, old, behaviour, mask, adv = _stale_case(seed=21, first_update=first_update)
+    config = LossConfig(algorithm=name, epsilon_low=EPS[0], epsilon_high=EPS[1], correction=correction)
+    weights, keep = np_correction(correction, old, behaviour, adv, mask, current=lp)
+    proximal = np_proximal(correction, old, behaviour)
+
+    def np_loss(x):
+        return _np_aggregate(keep * weights * np_policy_loss(name, x, old, behaviour, adv, mask, proximal),
+                             mask, "token-mean")
+
+    def f(x):
+        return ours(config, x, old, behaviour, adv, mask, given_old=not first_update)
+
+    with jax.enable_x64(True):
+        loss, metrics = f(lp)
+        grad = jax.grad(lambda x: f(x)[0])(jnp.asarray(lp))
+    np.testing.assert_allclose(loss, np_loss(lp), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(grad, finite_difference(np_loss, lp), rtol=1e-6, atol=1e-7)
+    assert np.abs(np.asarray(grad)).max() > 1e-3
+    np.testing.assert_allclose(metrics["is_weight_mean"], (weights * keep * mask).sum() / mask.sum(), rtol=1e-10)
+    rho = np.exp(old - behaviour)[mask > 0]
+    assert np.abs(np.log(rho)).max() > 7.5  # the case is stale
+    if correction is not None and correction.kind == "icepop":  # tokens both sides of the band and inside
+        assert (rho < 0.5).any() and (rho > 5).any() and (np.abs(np.log(rho[(rho >= 0.5) & (rho <= 5)])) > 0.3).any()
+    if correction is not None and correction.kind == "offpolicy_seq_mask":
+        assert (keep[mask > 0] == 0).any()
+        if not first_update:  # measured against π_old instead, the mask would differ
+            _, keep_old = np_correction(correction, old, behaviour, adv, mask, current=old)
+            assert (keep_old != keep)[mask > 0].any()
+
+
+def test_the_clip_is_against_mu_under_a_mask_and_against_pi_old_under_a_weight():
+    """The issue's token: positive advantage, ρ = π_old/μ = e^8 on a batch's first update. A mask that keeps
+    it (DeepSeek-V3.2's: A > 0), like no correction, clips π_θ/μ = e^8: no gradient. Token TIS reweights
+    by min(ρ, 2) and clips π_θ/π_old = 1: gradient −2·A/N. IcePop drops it (ρ > β = 5)."""
+    segments = np.array([[1, 1, 1]], np.int32)
+    mask = np.array([[0.0, 1.0, 1.0]])
+    lp = np.array([[-1.0, -1.2, -0.7]])
+    behaviour = lp - np.array([[0.0, 8.0, 0.0]])
+    adv = np.ones_like(lp)
+    expected = {None: [0.0, -0.5], OffPolicySequenceMask(delta=0.05): [0.0, -0.5], TokenTIS(cap=2.0): [-1.0, -0.5],
+                IcePop(): [0.0, -0.5]}
+    for correction, want in expected.items():
+        config = LossConfig(correction=correction)
+        with jax.enable_x64(True):
+            grad = jax.grad(lambda x, c=config: ours(c, x, lp, behaviour, adv, mask, given_old=False,
+                                                     segments=segments)[0])(jnp.asarray(lp))
+        np.testing.assert_allclose(np.asarray(grad)[0, 1:], want, atol=1e-12, err_msg=str(correction))
 
 
 def test_cispo_keeps_every_tokens_gradient_with_a_clipped_stop_gradient_weight():
@@ -282,6 +372,11 @@ def test_cispo_keeps_every_tokens_gradient_with_a_clipped_stop_gradient_weight()
     outside = ((r < 1 - EPS[0]) | (r > 1 + EPS[1])) & (mask > 0) & (adv != 0)
     assert outside.any() and (np.asarray(grad)[outside] != 0).all()
     np.testing.assert_allclose(metrics["ratio_mean"], (r * mask).sum() / mask.sum(), rtol=1e-10)
+    # the weight is clipped whatever A's sign, and the clip fractions count it so
+    low, high = (r < 1 - EPS[0]) * mask, (r > 1 + EPS[1]) * mask
+    np.testing.assert_allclose(metrics["clip_frac_low"], low.sum() / mask.sum(), rtol=1e-10)
+    np.testing.assert_allclose(metrics["clip_frac_high"], high.sum() / mask.sum(), rtol=1e-10)
+    assert (low * (adv > 0)).sum() > 0 and (high * (adv < 0)).sum() > 0  # tokens a sign-gated count would miss
 
 
 def test_gspo_token_has_gspos_value_and_a_per_token_gradient():
@@ -372,6 +467,21 @@ def test_correction_metrics_match_numpy():
     np.testing.assert_allclose(geo["masked_token_frac"], ((1 - keep) * mask).sum() / n, rtol=1e-10)
 
 
+def test_the_metrics_clamp_log_rho_and_say_how_often():
+    """Beyond |log ρ| = 20 the KL estimate is the clamped one (documented: 99 % low at log ρ = 25), and
+    log_ratio_clamped_frac counts the tokens that were clamped."""
+    segments = np.array([[1, 1, 1]], np.int32)
+    mask = np.array([[0.0, 1.0, 1.0]])
+    lp = np.zeros((1, 3))
+    behaviour = -np.array([[0.0, 25.0, 0.0]])
+    with jax.enable_x64(True):
+        _, metrics = ours(LossConfig(), lp, lp, behaviour, np.ones_like(lp), mask, segments=segments)
+    k = lambda x: np.exp(x) * x - np.exp(x) + 1  # noqa: E731  (ρ log ρ − ρ + 1 at log ρ = x)
+    np.testing.assert_allclose(metrics["kl_old_behaviour"], k(20.0) / 2, rtol=1e-10)
+    assert float(metrics["kl_old_behaviour"]) < 0.01 * k(25.0) / 2
+    assert float(metrics["log_ratio_clamped_frac"]) == pytest.approx(0.5)
+
+
 def test_aggregate_rejects_unknown_mode_and_ignores_empty_sequences():
     per_token = jnp.ones((3, 4))
     mask = jnp.asarray([[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], jnp.float32)  # row 1 is padding
@@ -452,7 +562,7 @@ def test_without_old_logps_the_old_policy_is_the_current_one():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"algorithm": "ppo"}, "algorithm|one of"),
+        ({"algorithm": "ppo"}, "unknown policy loss"),
         ({"aggregation": "sum"}, "aggregation"),
         ({"aggregation": "constant"}, "constant_normalizer"),
         ({"dynamic_sampling": "yes"}, "dynamic_sampling"),
@@ -461,6 +571,7 @@ def test_without_old_logps_the_old_policy_is_the_current_one():
         ({"beta": -0.1}, "beta"),
         ({"algorithm": "decoupled_ppo", "correction": TokenTIS()}, "carries its own correction"),
         ({"correction": IcePop(low=2.0, high=1.0)}, "low < high"),
+        ({"correction": TokenMask(low=2.0, high=1.0)}, "low < high"),
         ({"advantage": "reward_to_go", "estimator": "rloo"}, "leave-one-out"),
         ({"advantage": "reward_to_go", "algorithm": "gspo"}, "sequence ratio"),
     ],
@@ -468,6 +579,27 @@ def test_without_old_logps_the_old_policy_is_the_current_one():
 def test_loss_config_rejects_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         LossConfig(**kwargs)
+
+
+def _sequence_loss(t, config):
+    return -t.advantages * t.sequences.mean(t.logps, t.mask), {}
+
+
+def _own_baseline(s, epsilon):
+    return s.centred, np.ones_like(s.mean)
+
+
+def test_registered_names_are_the_configs_choices():
+    """A loss or estimator registered by name is accepted by the config (the registry is the list of names),
+    and what it declares is what the config checks: a sequence ratio, a baseline of each completion's own."""
+    policy_loss("test_sequence_loss", sequence_ratio=True)(_sequence_loss)
+    estimator("test_own_baseline", divides_by_std=False, group_baseline=False)(_own_baseline)
+    assert LossConfig(algorithm="test_sequence_loss", estimator="test_own_baseline").algorithm == "test_sequence_loss"
+    with pytest.raises(ValueError, match="sequence ratio"):
+        LossConfig(algorithm="test_sequence_loss", advantage="reward_to_go")
+    with pytest.raises(ValueError, match="baseline is each completion's own"):
+        LossConfig(estimator="test_own_baseline", advantage="reward_to_go")
+    LossConfig(algorithm="test_learner_losses:user_loss", advantage="reward_to_go")  # undecorated: per token
 
 
 def user_loss(t, config, scale: float = 1.0):

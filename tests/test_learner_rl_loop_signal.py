@@ -15,11 +15,13 @@ import pytest
 from reliability_helpers import ENROLLMENT_KEY, GROUP_SIZE, PROMPTS_PER_STEP, build_learner, tiny_run
 from wire_helpers import CAPABILITIES
 
+import tests.user_policy_loss  # noqa: F401  (registers `user_reinforce`, as a user's import would)
 from actors.learner_client import LearnerClient
 from learner.algo.advantages import has_signal
 from learner.rl_loop import RLLoop
 from learner.service.accounting import balance_violations
 from tandem_wire import WIRE_VERSION, enrollment, pb
+from tests import user_estimator
 
 STEPS = 3
 
@@ -179,3 +181,19 @@ def test_a_users_policy_loss_and_a_correction_run_in_the_loop(tmp_path):
         assert m["reinforce_scale"] == pytest.approx(0.5)  # the user's loss computed the step
         assert {"is_ess", "kl_old_behaviour", "masked_token_frac", "is_ratio_p50"} <= m.keys()
         assert 0 < m["is_ess"] <= 1.0 + 1e-6
+
+
+def test_a_registered_loss_by_name_and_a_users_estimator_run_rl_steps(tmp_path):
+    """`algo.algorithm: user_reinforce` (registered with @policy_loss by the user's module) and
+    `algo.estimator: package.module:function` (registered nowhere) are accepted when the config loads and
+    compute the run's steps."""
+    calls = len(user_estimator.CALLS)
+    run = tiny_run(tmp_path / "plugins", steps=2, checkpoint_every=10, overrides=[
+        "algo.dynamic_sampling=fill", "algo.algorithm=user_reinforce", "algo.loss_kwargs={scale: 0.5}",
+        "algo.estimator=tests.user_estimator:median_baseline"])
+    metrics: list[dict] = []
+    loop, accounting = _run_loop(run, on_step=lambda loop, step, m: metrics.append(m))
+    assert balance_violations(accounting) == [] and len(metrics) == 2
+    assert len(user_estimator.CALLS) - calls == 2  # one call per step's batch
+    for m in metrics:
+        assert m["registered_reinforce_scale"] == pytest.approx(0.5) and not m.get("update_skipped")

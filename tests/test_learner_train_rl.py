@@ -368,7 +368,7 @@ def _three_updates(hf_dir, loss, *, given_old=True):
 
 
 def test_later_updates_of_a_batch_clip_against_the_learners_old_policy_under_a_correction(hf_dir):
-    """With an off-policy correction the clip is taken against π_old, the learner's pre-update policy. Before
+    """With a reweighting correction the clip is taken against π_old, the learner's pre-update policy. Before
     the fix π_old was sg[π_θ] on every update: the ratio stayed 1 and the trust region was gone (0 % clipped
     where the same updates without the correction clip ~28 %)."""
     with_tis, _ = _three_updates(hf_dir, LossConfig(correction=TokenTIS(cap=2.0)))

@@ -20,7 +20,6 @@ from ray.exceptions import RayActorError
 from actors.config import RestartPolicy
 from actors.fleet import find_named_fleet, start_named_fleet
 from launch.supervisor import FleetSupervisor
-from learner.algo.losses import LossConfig
 from learner.rl_loop import NoRolloutsError, RLLoop
 from learner.service.prompt_source import Prompt, PromptSource
 from learner.service.server import LearnerService
@@ -48,9 +47,9 @@ def test_a_crash_looping_actor_backs_off_is_given_up_and_the_run_stops_with_the_
     fleet = start_named_fleet(config, "127.0.0.1:1", [], 1, name="crash-loop-test", restart=policy)
     service = LearnerService(PromptSource([Prompt([1, 2], "p")]),
                              service_config(group_size=2))
-    # the loop stops before any update, so the trainer is only asked which dynamic sampling it runs and
-    # how many rows its batches come in multiples of
-    no_trainer = SimpleNamespace(loss_config=LossConfig(), rl_row_multiple=lambda row_tokens: 1)
+    # the loop stops before any update, so the trainer is only asked how many rows its batches come in
+    # multiples of
+    no_trainer = SimpleNamespace(rl_row_multiple=lambda row_tokens: 1)
     loop = RLLoop(no_trainer, service, None, None, loop_config(["train.steps=1", "train.prompts_per_step=1"],
                                                                group_size=2, max_sequence_len=16), pad_id=0)
     supervisor = FleetSupervisor(service, fleet, interval_s=0.2, on_fatal=loop.abort).start()

@@ -1,4 +1,4 @@
-"""Advantage estimators by name (`algo.estimator`): group-relative advantages of scored groups.
+"""Advantage estimators as plug-ins (`algo.estimator`): group-relative advantages of scored groups.
 
 Rewards arrive per group of G completions of one prompt, on the host, so this is numpy. For group i
 with scorable completions j (R_ij their rewards, n_i of them):
@@ -11,6 +11,18 @@ with scorable completions j (R_ij their rewards, n_i of them):
     reinforce_pp  A_ij = (R_ij − mean_j R_ij) / (std_{batch}(R − mean_group R) + ε)
                                                                          REINFORCE++-baseline: group
                                                                          mean, then the batch's std
+
+reinforce_pp is a documented variant of the paper's Eq. 10: it divides each completion's centred reward
+by the std (ddof=1) of the batch's centred rewards and does not subtract their batch mean (which is 0
+up to unscorable completions anyway) after the group mean.
+
+Each is registered with `@estimator("name", divides_by_std=..., group_baseline=...)`; a user's is either
+registered the same way (its module imported first) or named ``"package.module:function"`` (decorated
+or not; undecorated it is taken to divide by no std and to have a group baseline). The record, not the
+name, is what the pipeline reads: `divides_by_std` tells the per-turn rules (learner.algo.
+turn_advantages) whether the group's scale is a std, `group_baseline` whether every completion shares
+the group's baseline b (rloo's leave-one-out baseline is each completion's own, so only the
+`trajectory` rule may spread it over turns).
 
 A completion whose reward could not be computed (reward worker timeout, parse failure: reward NaN, or
 `scorable=False`) is *unscorable*: it is left out of its group's statistics, gets advantage 0 and
@@ -26,7 +38,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from learner.schema import DYNAMIC_SAMPLING, ESTIMATORS
+from learner.schema import DYNAMIC_SAMPLING
+from rewards.registry import import_reference
 
 STD_EPSILON = 1e-4  # ε of the std normalisations
 
@@ -61,25 +74,71 @@ class Scorable:
 
 
 # (scorable, ε) -> (advantages [N, G], scales [N, 1]); zero-signal groups are zeroed afterwards
-Estimator = Callable[[Scorable, float], tuple[np.ndarray, np.ndarray]]
+EstimatorFn = Callable[[Scorable, float], tuple[np.ndarray, np.ndarray]]
 
 
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+    """A registered estimator: its function and what the pipeline needs to know about it."""
+
+    fn: EstimatorFn
+    divides_by_std: bool
+    """whether its scale s is a std (the per-turn rules then normalise by one too)"""
+    group_baseline: bool = True
+    """whether every completion of a group shares the baseline b (False: each has its own, as rloo)"""
+
+
+_REGISTRY: dict[str, Estimator] = {}
+_ATTRIBUTE = "__tandem_estimator__"
+
+
+def estimator(name: str, *, divides_by_std: bool, group_baseline: bool = True
+              ) -> Callable[[EstimatorFn], EstimatorFn]:
+    """Decorator registering an estimator under `name` (signature: `EstimatorFn`)."""
+    if not name or ":" in name:
+        raise ValueError(f"estimator name must be non-empty and contain no ':', got {name!r}")
+
+    def register(fn: EstimatorFn) -> EstimatorFn:
+        if name in _REGISTRY and _REGISTRY[name].fn is not fn:
+            raise ValueError(f"estimator {name!r} is already registered")
+        record = Estimator(fn, divides_by_std, group_baseline)
+        _REGISTRY[name] = record
+        setattr(fn, _ATTRIBUTE, record)
+        return fn
+
+    return register
+
+
+def resolve_estimator(ref: str) -> Estimator:
+    """The estimator `ref` names: a registered name or ``"package.module:function"``."""
+    if ":" in ref:
+        fn = import_reference(ref, "estimator")
+        return getattr(fn, _ATTRIBUTE, None) or Estimator(fn, divides_by_std=False)
+    if ref not in _REGISTRY:
+        raise ValueError(f"unknown estimator {ref!r}; registered: {sorted(_REGISTRY)} (or 'package.module:function')")
+    return _REGISTRY[ref]
+
+
+@estimator("grpo", divides_by_std=True)
 def grpo(s: Scorable, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
     """(R − mean) / (std + ε), the group's sample std (ddof=1)."""
     scale = np.sqrt((s.centred**2).sum(axis=1, keepdims=True) / np.maximum(s.count - 1, 1)) + epsilon
     return s.centred / scale, scale
 
 
+@estimator("dr_grpo", divides_by_std=False)
 def dr_grpo(s: Scorable, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
     """R − mean."""
     return s.centred, np.ones_like(s.mean)
 
 
+@estimator("rloo", divides_by_std=False, group_baseline=False)
 def rloo(s: Scorable, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
     """R − (the group's other rewards' mean) = n / (n − 1) · (R − mean)."""
     return s.centred * s.count / np.maximum(s.count - 1, 1), np.ones_like(s.mean)
 
 
+@estimator("reinforce_pp", divides_by_std=True)
 def reinforce_pp(s: Scorable, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
     """(R − mean) / (std over the batch's scorable completions of R − mean + ε)."""
     centred = s.centred[s.valid]
@@ -88,20 +147,16 @@ def reinforce_pp(s: Scorable, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
     return s.centred / scale, scale
 
 
-ESTIMATOR_FUNCTIONS: dict[str, Estimator] = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo,
-                                             "reinforce_pp": reinforce_pp}
-assert tuple(ESTIMATOR_FUNCTIONS) == ESTIMATORS
-
-
 def group_advantages(
     rewards: np.ndarray,
     scorable: np.ndarray | None = None,
     *,
-    estimator: str = "grpo",
+    estimator: str | EstimatorFn = "grpo",
     epsilon: float = STD_EPSILON,
     dynamic_sampling: str = "off",
 ) -> GroupAdvantages:
-    """The `estimator`'s advantages over the scorable completions of each group (module docstring).
+    """The `estimator`'s advantages over the scorable completions of each group (module docstring);
+    `estimator` is a name `resolve_estimator` takes, or an estimator function itself.
 
     With dynamic_sampling='drop' or 'fill' the completions of a zero-signal group also get weight 0
     (DAPO's dynamic sampling: the group is out of the loss and its denominators; with 'fill' the RL
@@ -113,8 +168,7 @@ def group_advantages(
     """
     if dynamic_sampling not in DYNAMIC_SAMPLING:
         raise ValueError(f"dynamic_sampling must be one of {DYNAMIC_SAMPLING}, got {dynamic_sampling!r}")
-    if estimator not in ESTIMATOR_FUNCTIONS:
-        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    fn = resolve_estimator(estimator).fn if isinstance(estimator, str) else estimator
     rewards = np.asarray(rewards, np.float64)
     if rewards.ndim != 2:
         raise ValueError(f"rewards must be [num_groups, group_size], got shape {rewards.shape}")
@@ -135,7 +189,7 @@ def group_advantages(
     highest = np.where(valid, r, -np.inf).max(1, keepdims=True)
     spread = highest - np.where(valid, r, np.inf).min(1, keepdims=True)
     zero_signal = (count < 2) | ~(spread > 0)
-    advantages, scale = ESTIMATOR_FUNCTIONS[estimator](Scorable(r, valid, count, mean, centred), epsilon)
+    advantages, scale = fn(Scorable(r, valid, count, mean, centred), epsilon)
     advantages = np.where(zero_signal | ~valid, 0.0, advantages)
 
     weights = valid.copy()

@@ -1,7 +1,8 @@
 """The RL loss of one (micro-)batch: an off-policy correction, a policy loss, an aggregation, a KL term.
 
-    (w, k)  = correction(π_old, μ)                                    learner.algo.corrections
-    ℓ_it    = policy_loss(π_θ, π_old, μ, A)                          learner.algo.policy_losses
+    (w, k)  = correction(π_θ, π_old, μ, A)                           learner.algo.corrections
+    π_prox  = π_old if the correction reweights by π_old/μ, else μ    (corrections.proximal_logps)
+    ℓ_it    = policy_loss(π_θ, π_old, μ, π_prox, A)                  learner.algo.policy_losses
     loss    = aggregate(k · w · ℓ + β · k3(π_θ, π_ref), m)           the Dr.GRPO / DAPO knobs (`aggregate`)
 
 Every function here is a pure `jnp` function of per-token log-probabilities, masks and advantages, so the
@@ -29,19 +30,18 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from learner.algo.corrections import correct
+from learner.algo.corrections import correct, proximal_logps
 from learner.algo.policy_losses import LossOutput, PolicyTerms
 from learner.algo.sequences import Sequences
 from learner.schema import (  # noqa: F401  (the loss config lives in the light schema module)
     AGGREGATIONS,
-    ALGORITHMS,
     DYNAMIC_SAMPLING,
     Aggregation,
     DynamicSampling,
     LossConfig,
 )
 
-LOG_RATIO_BOUND = 20.0  # |log ρ| beyond this is clamped in the metrics (ρ² would overflow float32)
+LOG_RATIO_BOUND = 20.0  # |log ρ| beyond this is clamped in the metrics (the token sums of ρ² overflow float32)
 
 
 class Normalizer(NamedTuple):
@@ -131,8 +131,8 @@ def rl_loss(
     if advantages.shape != logps.shape:
         raise ValueError(f"advantages must be [B]={logps.shape[:1]} or [B, T]={logps.shape}, got {advantages.shape}")
     old_logps = jax.lax.stop_gradient(logps if old_logps is None else old_logps)
-    corrected = correct(config.correction, old_logps, behaviour_logps, advantages, mask, sequences)
-    proximal = behaviour_logps if config.correction is None else old_logps
+    corrected = correct(config.correction, logps, old_logps, behaviour_logps, advantages, mask, sequences)
+    proximal = proximal_logps(config.correction, old_logps, behaviour_logps)
     per_token, loss_metrics = loss_fn(PolicyTerms(logps, old_logps, behaviour_logps, proximal, advantages, mask,
                                                   sequences))
     pg = corrected.weights * corrected.keep * per_token
@@ -168,8 +168,14 @@ def correction_metrics(log_rho: jax.Array, corrected, mask: jax.Array, sequences
     """The off-policy picture of a batch, every step (whatever the correction): token means of
     ρ = π_old/μ and ρ² (the trainer turns them into the effective sample size (Σρ)² / (N Σρ²)), the k3-form
     estimate of KL(π_old ‖ μ) from μ's samples, E_μ[ρ log ρ − ρ + 1], the weights the correction applied,
-    and the fractions of tokens it capped or masked and of sequences it masked whole."""
-    log_rho = jnp.clip(jax.lax.stop_gradient(log_rho), -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    and the fractions of tokens it capped or masked and of sequences it masked whole.
+
+    log ρ is clamped to ±LOG_RATIO_BOUND first (float32: a batch's sum of ρ² overflows near log ρ = 44),
+    so beyond it is_ess over-reports and kl_old_behaviour under-reports (by 99 % for a token at log ρ = 25);
+    `log_ratio_clamped_frac`, the fraction of tokens clamped, says when that happened."""
+    log_rho = jax.lax.stop_gradient(log_rho)
+    clamped = (jnp.abs(log_rho) > LOG_RATIO_BOUND).astype(log_rho.dtype)
+    log_rho = jnp.clip(log_rho, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     rho = jnp.exp(log_rho)
     tokens = sequences.per_sequence(mask)
     kept = sequences.per_sequence(mask * corrected.keep)
@@ -177,6 +183,7 @@ def correction_metrics(log_rho: jax.Array, corrected, mask: jax.Array, sequences
         "is_ratio_mean": token_mean(rho),
         "is_ratio_sq_mean": token_mean(rho * rho),
         "kl_old_behaviour": token_mean(rho * log_rho - rho + 1.0),
+        "log_ratio_clamped_frac": token_mean(clamped),
         "is_weight_mean": token_mean(corrected.weights * corrected.keep),
         "capped_token_frac": token_mean(corrected.capped),
         "masked_token_frac": token_mean(1.0 - corrected.keep),

@@ -3,7 +3,8 @@ group's rewards into one advantage per assistant turn, which every sampled token
 
 The group's statistics come from `learner.algo.advantages.group_advantages` over the trajectories'
 summed rewards R_j = Σ_t r_jt: baseline b = mean_j R_j and the estimator's scale s (grpo: std_j R_j + ε;
-dr_grpo: 1; reinforce_pp: the batch's std + ε; rloo's per-completion baseline takes `trajectory` only).
+dr_grpo: 1; reinforce_pp: the batch's std + ε; an estimator without a group baseline, as rloo's
+per-completion one, takes `trajectory` only).
 Built-in rules, for trajectory j and its turn t of T_j:
 
     trajectory     A_jt = (R_j − b) / s                       GRPO: every turn gets the trajectory's advantage
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from learner.algo.advantages import STD_EPSILON, GroupAdvantages, group_advantages
+from learner.algo.advantages import STD_EPSILON, GroupAdvantages, dr_grpo, group_advantages, grpo
 from rewards.registry import import_reference
 
 TRAJECTORY = "trajectory"
@@ -50,7 +51,7 @@ class GroupTurnRewards:
     epsilon: float
     """the ε of the group's std"""
     std_normalize: bool
-    """whether the run's estimator divides by a std (grpo, reinforce_pp; False: dr_grpo)"""
+    """whether the run's estimator divides by a std (its registry record's divides_by_std)"""
 
 
 TurnAdvantageFn = Callable[[GroupTurnRewards], Sequence[np.ndarray]]
@@ -73,8 +74,8 @@ def per_turn_grpo(group: GroupTurnRewards) -> list[np.ndarray]:
     by_turn = np.full((max(len(r) for r in group.turn_rewards), len(group.turn_rewards)), np.nan)
     for j, rewards in enumerate(group.turn_rewards):  # NaN: the trajectory did not reach that turn
         by_turn[:len(rewards), j] = rewards
-    estimator = "grpo" if group.std_normalize else "dr_grpo"
-    advantages = group_advantages(by_turn, estimator=estimator, epsilon=group.epsilon).advantages
+    normalise = grpo if group.std_normalize else dr_grpo
+    advantages = group_advantages(by_turn, estimator=normalise, epsilon=group.epsilon).advantages
     return [advantages[:len(r), j] for j, r in enumerate(group.turn_rewards)]
 
 
@@ -126,7 +127,7 @@ def _turn_values(group: Any, index: int, scored: GroupAdvantages, rule: TurnAdva
                  std_normalize: bool) -> dict[int, np.ndarray]:
     """Completion j of a group with signal → its turns' advantages, for the group's scorable completions."""
     scorable = [j for j, c in enumerate(group.completions) if c.reward is not None]
-    if rule is trajectory:  # exactly the estimator's (rloo's baseline is per completion, not b)
+    if rule is trajectory:  # exactly the estimator's (whose baseline may be per completion, not b)
         return {j: np.full(len(group.completions[j].turns) or 1, scored.advantages[index, j]) for j in scorable}
     rewards = GroupTurnRewards(
         turn_rewards=tuple(np.array([t.reward or 0.0 for t in group.completions[j].turns]
