@@ -25,9 +25,10 @@ from actors_helpers import (
     write_weights_dir,
 )
 
-from actors.engine import RolloutEngine, SamplingSpec, WeightSetError
+from actors.engine import RolloutEngine, SamplingSpec
 from actors.weights.adapters import write_peft_dir
 from actors.weights.apply import applier
+from actors.weights.checks import WeightSetError
 from actors.weights.staging import stage_weights
 from learner.weights.publisher import pack_weights
 from models.peft import LoraConfig, adapter_config

@@ -15,7 +15,8 @@ from actors_helpers import (
     write_weights_dir,
 )
 
-from actors.engine import PromptTooLongError, RolloutEngine, Sample, SamplingSpec, WeightSetError
+from actors.engine import PromptTooLongError, RolloutEngine, Sample, SamplingSpec
+from actors.weights.checks import WeightSetError
 
 pytestmark = pytest.mark.slow  # a real vLLM engine
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from wire_helpers import connected_client, running_service
 
-from actors.engine import WeightSetError
 from actors.weights.adapter_check import check_adapter, config_problems
 from actors.weights.adapters import ADAPTER_DIR_PREFIX, LoadedAdapters
 from actors.weights.apply import APPLIERS, applier
+from actors.weights.checks import WeightSetError
 from actors.weights.staged import StagedWeights, WeightTransferError
 from actors.weights.staging import stage_weights
 from learner.weights.publisher import pack_weights

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actors.engine import WeightSetError
 from actors.weights.apply import APPLIERS, applier
+from actors.weights.checks import WeightSetError
 from actors.weights.staging import stage_weights
 from actors.weights.transports import fetch_plan
 from learner.weights.publisher import pack_weights
