@@ -24,7 +24,7 @@ from actors_helpers import (
 from config_helpers import actor_config, service_config
 from weight_faults import damaging, flip_a_byte
 
-import learner.service.server as service_module
+import learner.weights.desk as desk_module
 from actors.fleet import ActorFleet
 from actors.stats import ActorStats
 from launch.config import load_config
@@ -173,7 +173,7 @@ def test_corrupted_publish_is_rejected_and_the_old_version_keeps_serving(rig, co
     good = load_tensors(rig.dirs["sharp_a"])
     if corruption == "flipped_byte":
         # A corruption after the digest was taken: a payload byte flips in the stream and the shared file.
-        monkeypatch.setattr(service_module, "pack_weights", damaging(service_module.pack_weights, {
+        monkeypatch.setattr(desk_module, "pack_weights", damaging(desk_module.pack_weights, {
             rig.version + 1: flip_a_byte}))
         version = rig.publish("sharp_a", good)
         monkeypatch.undo()

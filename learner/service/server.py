@@ -80,12 +80,9 @@ from learner.service.pacing import LeaseAsk, LeaseOutcome, budget_step, decide_l
 from learner.service.prompt_source import PromptSource, PromptState
 from learner.service.stale_log import StaleLog
 from learner.service.tolerant_handlers import Undecodable, add_tolerant_learner_servicer
-from learner.weights.publisher import WeightPublisher, pack_weights
-from learner.weights.relay import RelayTree
-from learner.weights.shared_memory import SharedWeightFiles
-from learner.weights.transports import Fetch, WeightTransports
-from learner.weights.versions import INITIAL_VERSION, UnknownWeightVersion, WeightVersions, check_initial_adapter
-from learner.wire_bounds import InvalidInput, check_int, check_text
+from learner.weights.desk import WeightDesk, WeightsNotHeld
+from learner.weights.versions import UnknownWeightVersion
+from learner.wire_bounds import InvalidInput, check_int
 from tandem_wire import grpc_options, pb, rpc
 from tandem_wire.auth import BearerTokenInterceptor
 from tandem_wire.idle import IdleReaper
@@ -94,11 +91,10 @@ from tandem_wire.limits import (
     ENROLLMENT_METADATA_KEY,
     MAX_ACK_DETAIL_CHARS,
     MAX_ID_CHARS,
-    MAX_LABEL_CHARS,
     MAX_METADATA_BYTES,
 )
 from tandem_wire.log_throttle import KeyedThrottle
-from tandem_wire.weights.transports import RELAY
+from tandem_wire.weights.transports import ANSWER_METADATA_KEY, OFFERS_METADATA_KEY
 
 __all__ = [
     "LearnerService",
@@ -117,10 +113,6 @@ WARNING_INTERVAL_S = 10.0  # at most one warning about re-registrations per inte
 MALFORMED_HEADER_LOG_S = 60.0  # at most one warning about malformed credential headers per actor id
 NOT_ENROLLED_LOG_S = 60.0  # at most one warning about refused registrations (retired, or not enrolled)
 BUSY_LOG_S = 60.0  # at most one warning per full pool (an actor's slots, or the unverified callers')
-
-
-class WeightsNotHeld(LookupError):
-    """FetchWeights of a version the learner does not hold (NOT_FOUND)."""
 
 
 # How a refusal raised inside an RPC is answered, and the counter it adds to (first match wins).
@@ -173,16 +165,8 @@ class LearnerService(rpc.LearnerServicer):
         self._cond = threading.Condition(threading.RLock())
         self._queue = GroupQueue(cfg.admission.queue_capacity)
         self._accounting = Accounting()
-        # Same-host actors read each version from one shared-memory file (learner/weights/shared_memory.py).
-        self._shared = SharedWeightFiles() if cfg.server.weight_shared_memory else None
-        if self._shared is not None and not self._shared.domain:
-            self._shared = None
-        self._weights = WeightPublisher(on_drop=lambda weights: self._unshare(weights.version))
-        # Which transport answers each fetch (learner/weights/transports.py): that file, else another
-        # actor's relay (actors off this host relay each version to each other), else our own chunks.
-        fanout = cfg.server.weight_relay_fanout
-        self._transports = WeightTransports(self._shared, RelayTree(fanout) if fanout else None)
-        self._versions = WeightVersions()
+        # Versions, and the transports that answer each fetch (learner/weights/desk.py).
+        self._desk = WeightDesk(cfg, self._accounting.add)
         self._latest_version = 0
         self._step = 0
         self._version_steps: dict[int, int] = {}  # published version -> the learner's step then
@@ -246,8 +230,7 @@ class LearnerService(rpc.LearnerServicer):
                 stream.close()
             self._sinks.clear()
             self._cond.notify_all()
-            if self._shared is not None:
-                self._shared.close()
+            self._desk.close()
 
     def _server_options(self) -> list[tuple[str, int]]:
         # Weights go out in big chunks; groups come in and are bounded separately (hostile input).
@@ -338,38 +321,17 @@ class LearnerService(rpc.LearnerServicer):
         Version 0 is the base itself, which no actor fetches: as an adapter it must be the zero update."""
         with self._cond:
             self._check_publishable(version)
-        if adapter is not None and version == INITIAL_VERSION:
-            tensors = list(tensors)
-            check_initial_adapter(tensors)
-        weights = pack_weights(version, tensors, self.config.weight_chunk_bytes, self.config.server.weight_digest,
-                               share=self._share if self._shared is not None else None,
-                               shared_digest=self.config.server.shared_weight_digest, adapter=adapter)
+        weights = self._desk.pack(version, tensors, adapter)
         with self._cond:
             try:
                 self._check_publishable(version)
             except ValueError:
-                self._unshare(version)
+                self._desk.discard(weights)
                 raise
-            self._weights.publish(weights)
-            if weights.shared_messages is not None:
-                self._accounting.add("weight_bytes_shared", weights.header.total_bytes)
-            self._versions.published(version)
+            self._desk.publish(weights)
             self._latest_version = version
             self._version_steps[version] = self._step
             self._announce()  # an actor waiting for budget loads it now
-
-    def _share(self, version: int, blob: memoryview) -> str:
-        """Write `version` into shared memory; "" (stream only) when that fails, e.g. /dev/shm is full."""
-        try:
-            return self._shared.write(version, blob)
-        except OSError as error:
-            log.warning("weight version %d not shared (actors on this host stream it): %s", version, error)
-            return ""
-
-    def _unshare(self, version: int) -> None:
-        """Remove `version`'s shared-memory file, if it has one."""
-        if self._shared is not None:
-            self._shared.remove(version)
 
     def set_step(self, step: int) -> None:
         """The learner has completed `step` steps: the lease budget grows to match."""
@@ -465,7 +427,7 @@ class LearnerService(rpc.LearnerServicer):
                                       "tokens_forgotten_on_restart": int(state.get("unconsumed_tokens", 0))})
             self._step = int(state["step"])
             self._latest_version = int(state["latest_version"])
-            self._versions.restored(self._latest_version)
+            self._desk.versions.restored(self._latest_version)
 
     # ================================================================== RPCs
 
@@ -476,7 +438,7 @@ class LearnerService(rpc.LearnerServicer):
         version = request_checks.served_version(request.weight_version)
         with self._cond:
             self._enrollment.admit(actor_id, _header(context, ENROLLMENT_METADATA_KEY))
-            registration = self._registry.register(actor_id, capabilities, self._versions.served(version),
+            registration = self._registry.register(actor_id, capabilities, self._desk.versions.served(version),
                                                    _header(context, CREDENTIAL_METADATA_KEY))
             if registration.superseded_seen_s is not None:
                 self._accounting.add("actors_superseded")
@@ -497,7 +459,7 @@ class LearnerService(rpc.LearnerServicer):
         version, in_flight, tokens_per_second, shares = request_checks.heartbeat(request)
         with self._cond:
             actor = self._caller(context, actor_id)
-            actor.weight_version = self._versions.served(version)
+            actor.weight_version = self._desk.versions.served(version)
             actor.groups_in_flight, actor.tokens_per_second = in_flight, tokens_per_second
             actor.time_shares = shares
             return pb.HeartbeatReply(latest_version=self._latest_version)
@@ -551,26 +513,16 @@ class LearnerService(rpc.LearnerServicer):
     def FetchWeights(self, request: pb.FetchWeightsRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         actor_id = request_checks.caller(_decoded(request))
         version = check_int("version", request.version, 0)
-        domain = check_text("shared_memory_domain", request.shared_memory_domain, MAX_LABEL_CHARS)
-        relay_address = request_checks.relay_address(request.relay_address)
+        fetch = self._desk.fetch(actor_id, request, _header(context, OFFERS_METADATA_KEY))
         what = f"weight stream of {actor_id!r}"
         with self._weight_streams.hold(self._vouched_for(request, context)), \
-                self._reaper.watch(what, context.cancel) as progress:
-            try:
-                weights = self._weights.acquire(version)
-            except KeyError as error:
-                raise WeightsNotHeld(error.args[0]) from None
-            try:  # serialised once at publish time
-                transport, messages = self._transports.answer(
-                    weights, Fetch(actor_id, domain, relay_address, request.accept_peer))
-                if transport is RELAY:
-                    self._accounting.add("weight_fetches_relayed", 1)
-                for message in messages:
-                    yield message
-                    self._accounting.add("weight_bytes_streamed", len(message))
-                    progress.touch()
-            finally:
-                self._weights.release(weights)
+                self._reaper.watch(what, context.cancel) as progress, \
+                self._desk.answer(version, fetch) as (transport, messages):  # serialised once at publish time
+            context.send_initial_metadata(((ANSWER_METADATA_KEY, transport.source),))
+            for message in messages:
+                yield message
+                self._accounting.add("weight_bytes_streamed", len(message))
+                progress.touch()
 
     @served
     def ReportWeights(self, request: pb.WeightReport, context: grpc.ServicerContext) -> pb.WeightReportReply:
@@ -578,7 +530,7 @@ class LearnerService(rpc.LearnerServicer):
         report = request_checks.weight_report(request)
         with self._cond:
             actor = self._caller(context, actor_id)
-            self._versions.check_reported(request.version)
+            self._desk.versions.check_reported(request.version)
             actor.last_weight_report = report
             if request.applied:
                 actor.weight_version = request.version
@@ -805,7 +757,7 @@ class LearnerService(rpc.LearnerServicer):
         return self._rules_cache
 
     def _check_publishable(self, version: int) -> None:
-        held = self._weights.latest_version
+        held = self._desk.latest_version
         if version < self._latest_version or (held is not None and version <= held):
             raise ValueError(f"weight version {version} must be newer than {self._latest_version}")
 
