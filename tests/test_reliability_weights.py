@@ -88,7 +88,7 @@ def test_broken_weight_pushes_leave_the_actor_on_its_last_complete_version(ray_s
 
     history = final_history(steps.entries)
     check_run(accounting, history, STEPS)
-    version_bytes = loop.service._weights.acquire().header.total_bytes
+    version_bytes = loop.service._desk.held().header.total_bytes
     assert accounting["weight_bytes_shared"] == 0
     assert accounting["weight_bytes_streamed"] > len(stats.versions_applied) * version_bytes  # all streamed
     for version in (CORRUPTED, CUT):

@@ -50,9 +50,7 @@ def _own_files() -> set[str]:
 
 def _held(service, version: int):
     """The service's packed `version` (acquired and released at once: no reader left behind)."""
-    weights = service._desk._publisher.acquire(version)
-    service._desk._publisher.release(weights)
-    return weights
+    return service._desk.held(version)
 
 
 def _shared_path(service, version: int) -> str:

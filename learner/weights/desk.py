@@ -52,6 +52,12 @@ class WeightDesk:
         """The newest version held, None before the first publish."""
         return self._publisher.latest_version
 
+    def held(self, version: int = 0) -> WeightBlob:
+        """The packed `version` (0: the newest), to look at; KeyError when it is not held."""
+        weights = self._publisher.acquire(version)
+        self._publisher.release(weights)
+        return weights
+
     def pack(self, version: int, tensors: Iterable[tuple[str, np.ndarray]],
              adapter: Mapping[str, Any] | None = None) -> WeightBlob:
         """Serialise and checksum a version once (learner/weights/publisher.py), and let every transport keep
