@@ -15,11 +15,8 @@ from actors_helpers import (
     greedy_tokens,
     hf_model,
     load_tensors,
-    make_base_model,
-    random_weights,
     sampled_token_logprobs,
     wait_for,
-    write_weights_dir,
 )
 from config_helpers import actor_config, service_config
 from weight_faults import damaging, flip_a_byte
@@ -81,13 +78,8 @@ class Rig:
 
 
 @pytest.fixture(scope="module")
-def rig(ray_session, tmp_path_factory):
-    root = tmp_path_factory.mktemp("rollout")
-    base = make_base_model(root / "base")
-    base_tensors = load_tensors(base)
-    dirs = {"base": base}
-    for seed, name in enumerate(["sharp_a", "sharp_b", "sharp_c"], start=1):
-        dirs[name] = write_weights_dir(base, root / name, random_weights(base_tensors, seed=seed))
+def rig(ray_session, weight_dirs):
+    dirs, base = weight_dirs, weight_dirs["base"]
     pool = RewardPool(RewardSpec(functions=[WeightedReward(ref="exact_match")]), num_workers=1)
     service = LearnerService(
         PromptSource(dataset(), epochs=None, seed=0),
