@@ -9,13 +9,10 @@ The fetcher (actors/weights/fetcher.py) calls it from the fetching thread only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
-from actors.weights.staged import AnswerSuperseded, StagingWatcher
+from actors.weights.staged import StagingWatcher
 from tandem_wire import pb
-
-__all__ = ["ActorHalf", "ActorHalfFactory", "AnswerSuperseded"]
 
 
 class ActorHalf:
@@ -34,5 +31,3 @@ class ActorHalf:
         WeightTransferError (AnswerSuperseded: ask once more, the same way) when it cannot be read."""
         return answer
 
-
-ActorHalfFactory = Callable[..., Any]  # (**options) -> ActorHalf | None

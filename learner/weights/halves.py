@@ -1,22 +1,19 @@
 """What a transport's learner half is (tandem_wire/weights/transports.py names each one's file): the
-fields of a fetch it reads, and the four moments the weight desk (learner/weights/desk.py) calls it at.
+fields of a fetch it checks, and the moments the weight desk (learner/weights/desk.py) calls it at.
 
 A half is built once per service by its file's `learner_half(config, count)` (None: this service does not
-serve it, e.g. switched off in the config) and is called under the service's lock, except `check` and
-`answer`, which run on the fetching call's thread (so a half guards its own state).
+serve it, e.g. switched off in the config). `published`, `dropped` and `close` run under the service's
+lock; `packed` runs on the publishing thread, `check` and `answer` on the fetching calls' threads, so a
+half with state of its own guards it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from learner.weights.publisher import WeightBlob
 from tandem_wire import pb
-
-if TYPE_CHECKING:
-    from learner.schema import ServiceConfig
 
 Messages = tuple[bytes, ...]
 Count = Callable[[str, int], None]  # adds to one of the service's counters (learner/service/accounting.py)
@@ -58,5 +55,3 @@ class LearnerHalf:
     def close(self) -> None:
         """The service stops."""
 
-
-LearnerHalfFactory = Callable[["ServiceConfig", Count], "LearnerHalf | None"]
