@@ -8,11 +8,10 @@ and opens a new stream, on which the outbox re-sends every unacked group in orde
 blocks while the backlog exceeds the credits, so an actor never holds more than a few groups
 beyond what the learner has queued for it.
 
-Weights: `fetch_weights` stages a whole version and verifies it (actors/weights/staging.py), trying the
-transports in the order of the fetch plan (actors/weights/transports.py): an actor on the learner's host
-(same shared-memory domain) gets the blob from a shared file, mapped copy-on-write and verified in place,
-one off it maybe from another actor's relay; any failure of those is retried once over the learner's
-stream of chunks.
+Weights: `fetch_weights` stages a whole version and verifies it, by the transports this actor can use
+(actors/weights/fetcher.py: an actor on the learner's host gets the blob from a shared file, one off it
+maybe from another actor's relay; any failure of those is retried once over the learner's stream of
+chunks). The client only opens the calls, with its identity.
 
 Identity: `register` presents the enrollment token the fleet minted for this actor id (tandem_wire/
 enrollment.py; sent to the learner only, never to a relay peer) and returns this actor's own credential
@@ -34,31 +33,26 @@ that is down fails a fetch at once, and the old weights keep serving.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from actors.learner_replies import LearnerBusy, LearnerUnavailable, LeaseReply, Prompt, RegisterInfo
 from actors.outbox import PROBE_DELAY_S, Outbox, Send
-from actors.weights.relay import WeightRelayServer, relay_chunks
-from actors.weights.shared_memory import SharedFileGone
+from actors.weights.fetcher import WeightFetcher
+from actors.weights.relay import WeightRelayServer
 from actors.weights.staged import StagedWeights, WeightTransferError
-from actors.weights.staging import stage_weights
-from actors.weights.transports import fetch_plan, received
 from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
 from tandem_wire.auth import AUTH_METADATA_KEY, bearer
 from tandem_wire.limits import CREDENTIAL_METADATA_KEY, ENROLLMENT_METADATA_KEY, MAX_DETAIL_CHARS
 from tandem_wire.log_throttle import KeyedThrottle
-from tandem_wire.weights.shared_memory import shared_memory_domain
-from tandem_wire.weights.transports import RELAY, SHARED_MEMORY, STREAM, TRANSPORTS, Transport
 
 __all__ = [
     "LearnerClient",
@@ -86,58 +80,6 @@ CLIENT_CHANNEL_OPTIONS = [  # reconnect quickly after a learner restart (gRPC's 
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
-
-
-class LearnerUnavailable(ConnectionError):
-    """The learner did not answer within the call timeout."""
-
-
-class LearnerBusy(LearnerUnavailable, grpc.RpcError):
-    """The learner refused a call RESOURCE_EXHAUSTED (at capacity) on every try. A LearnerUnavailable, so
-    a loop that rides out an unavailable learner rides this out too, and the grpc.RpcError it ends in
-    (`code()`, `details()`) for callers that tell refusals apart."""
-
-    def __init__(self, message: str, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(message)
-        self._code, self._details = code, details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-
-@dataclass(frozen=True)
-class RegisterInfo:
-    latest_version: int
-    heartbeat_interval_s: float
-    credits: int
-    max_staleness: int
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """A prompt to sample, as leased from the learner: the actor's side of the wire message pb.Prompt
-    (learner.service.prompt_source.Prompt is the learner's). An evaluator's prompts, never leased, have no key."""
-
-    prompt_ids: list[int]
-    """the tokens to sample from"""
-    text: str
-    """the prompt as text, for the reward functions"""
-    metadata: dict[str, str]
-    """what the reward functions need besides, e.g. the reference answer"""
-    group_id: str = ""
-    """the learner's key of the lease, which the sampled group answers; "" when not leased"""
-
-
-@dataclass(frozen=True)
-class LeaseReply:
-    """What one LeasePrompts call got."""
-
-    prompts: list[Prompt]
-    exhausted: bool  # the dataset is finished and no lease is outstanding anywhere
-    retry_after_s: float  # the learner's lease budget held prompts back: ask again after this (0 = no hint)
 
 
 class LearnerClient:
@@ -185,11 +127,8 @@ class LearnerClient:
         self._closed = False
         self._closed_reason = "client is closed"
         self.rejections: deque[tuple[str, str, str]] = deque(maxlen=100)  # (group_id, status, detail)
-        self._shared_memory_domain = shared_memory_domain() if shared_memory else ""
-        self._relay = relay
-        # how versions arrived: from shared memory, streamed by the learner, relayed by another actor
-        self.weight_fetches = {name: 0 for transport in TRANSPORTS for name in (transport.source, transport.failed)
-                               if name}
+        self._weights = WeightFetcher(actor_id, self._fetch_call, self._fetch_retry, shared_memory=shared_memory,
+                                      relay=relay, token_metadata=self._token_metadata)
         self.calls_refused: Counter[str] = Counter()  # "<method> <code>" -> refusals seen (each retried)
         self._refusal_log = KeyedThrottle(REFUSAL_LOG_S)
 
@@ -333,76 +272,30 @@ class LearnerClient:
 
     # ================================================================== weights and status
 
+    @property
+    def weight_fetches(self) -> dict[str, int]:
+        """How versions arrived (from shared memory, streamed by the learner, relayed by another actor) and
+        how often each bulk transport failed."""
+        return self._weights.counts
+
     def fetch_weights(self, version: int = 0) -> StagedWeights:
         """Download and verify a weight version (0 = the latest); raises WeightTransferError on any
-        failure, in which case nothing is returned. The calls of the fetch plan in turn
-        (actors/weights/transports.py): the bulk transports this actor can use (this host's shared memory,
-        or another actor's relay, as the learner answers), then the learner's stream."""
-        start = time.monotonic()
-        plan = list(fetch_plan(bool(self._shared_memory_domain), self._relay is not None))
-        retried_gone = False
-        while True:
-            used: list[Transport] = []
-            try:
-                staged = self._fetch(version, plan[0], used)
-                return dataclasses.replace(staged, transfer_s=time.monotonic() - start)
-            except WeightTransferError as error:
-                via = used[0] if used else STREAM
-                if via.failed:
-                    self.weight_fetches[via.failed] += 1
-                if isinstance(error, SharedFileGone) and not retried_gone:
-                    retried_gone = True  # superseded as we opened it: the next answer names the newer file
-                    continue
-                plan.pop(0)
-                if not plan:
-                    raise
-                log.warning("%s: weights (%s) failed, streaming them from the learner: %s", self.actor_id,
-                            via.source, error)
+        failure, in which case nothing is returned (actors/weights/fetcher.py)."""
+        return self._weights.fetch(version).staged
 
-    def _fetch(self, version: int, offers: tuple[Transport, ...], used: list[Transport]) -> StagedWeights:
-        """A FetchWeights call, tried again after a back-off while the learner refuses it RESOURCE_EXHAUSTED
-        (its weight streams are all open)."""
-        backoffs = iter(RETRY_BACKOFF_S)
-        while True:
-            try:
-                return self._fetch_once(version, offers, used)
-            except WeightTransferError as error:
-                refused = error.__cause__
-                if not (isinstance(refused, grpc.RpcError) and refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                        and self._retry_after("FetchWeights", refused, next(backoffs, None))):
-                    raise
-                used.clear()
-
-    def _fetch_once(self, version: int, offers: tuple[Transport, ...], used: list[Transport]) -> StagedWeights:
-        """One FetchWeights call offering the bulk transports `offers`: the learner may answer with a shared
-        file (when we share its host's memory) or with another actor's relay; `used` notes which (nothing:
-        the learner's chunks). A streamed version is relayed by ours."""
-        domain = self._shared_memory_domain if SHARED_MEMORY in offers else ""
-        relay = self._relay
-        watcher = relay.staging() if relay else None  # before the call: the learner may send others here at once
-        call = self._stub.FetchWeights(
-            pb.FetchWeightsRequest(wire_version=WIRE_VERSION, actor_id=self.actor_id, version=version,
-                                   shared_memory_domain=domain, relay_address=relay.address if relay else "",
-                                   accept_peer=RELAY in offers),
-            metadata=self._metadata(self._current_credential()),
+    def _fetch_call(self, request: pb.FetchWeightsRequest, metadata: tuple[tuple[str, str], ...]) -> Any:
+        """A FetchWeights call of this actor (the fetcher's `call`)."""
+        request.wire_version, request.actor_id = WIRE_VERSION, self.actor_id
+        return self._stub.FetchWeights(
+            request, metadata=self._metadata(self._current_credential()) + metadata,
             wait_for_ready=False,  # a learner that is down fails the fetch now; the old weights keep serving
         )
-        try:
-            staged = stage_weights(received(call, used, self._relayed), version, allow_shared=bool(domain),
-                                   watcher=watcher)
-        except grpc.RpcError as error:
-            raise WeightTransferError(
-                f"weight stream failed: {error.code().name}: {error.details()}"
-            ) from error
-        except WeightTransferError:
-            call.cancel()
-            raise
-        self.weight_fetches[(used[0] if used else STREAM).source] += 1
-        return staged
 
-    def _relayed(self, peer: pb.PeerWeights) -> Iterator[pb.WeightMessage]:
-        """The chunks another actor's relay sends of the version the learner sent us to it for."""
-        return relay_chunks(peer, self._token_metadata, self._relay.reaper, self._relay.stream_timeout_s)
+    def _fetch_retry(self, error: grpc.RpcError, refusals: int) -> bool:
+        """Call FetchWeights again, after a back-off, while the learner refuses it RESOURCE_EXHAUSTED (its
+        weight streams are all open); the fetcher's `retry`."""
+        backoff = RETRY_BACKOFF_S[refusals] if refusals < len(RETRY_BACKOFF_S) else None
+        return error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and self._retry_after("FetchWeights", error, backoff)
 
     def report_weights(
         self, version: int, applied: bool, detail: str = "", stall_s: float = 0.0, transfer_s: float = 0.0

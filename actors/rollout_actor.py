@@ -58,7 +58,7 @@ import psutil
 import ray
 
 from actors.config import ActorConfig
-from actors.engine import RolloutEngine, Sample, SamplingSpec, WeightSetError
+from actors.engine import RolloutEngine, Sample, SamplingSpec
 from actors.episodes import EpisodeRunner
 from actors.groups import PROMPT_TOO_LONG, rejected_group, scored_group
 from actors.learner_client import (
@@ -74,6 +74,7 @@ from actors.scoring import RewardScorer
 from actors.stats import ActorStats, TimeShareMeter, UnionClock
 from actors.trajectory import ObservationRenderer
 from actors.weights.apply import Applier, applier
+from actors.weights.checks import WeightSetError
 from actors.weights.pending import PendingWeights
 from actors.weights.relay import WeightRelayServer, relay_host_towards
 

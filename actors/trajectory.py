@@ -25,6 +25,7 @@ from actors.groups import FINISH_REASONS
 from rewards.environments import Step
 from rewards.spec import EnvironmentSpec
 from tandem_wire import tandem_pb2 as pb
+from tandem_wire.turns import TurnRecord
 
 # Content no real message has, to find where the template puts a message's text.
 _PROBE = "\x00tandem-probe\x00"
@@ -81,15 +82,6 @@ class ObservationRenderer:
 
 
 @dataclass
-class TurnPart:
-    sampled_tokens: int
-    observation_tokens: int
-    policy_version: int
-    reward: float | None = None
-    context_ids: list[int] = field(default_factory=list)  # set: the turn starts a new training sample
-
-
-@dataclass
 class Trajectory:
     """One of a group's G trajectories as it grows; `context` is the next turn's prompt: the current
     training sample's prompt (the group's, or the conversation rendered afresh after a split) and the
@@ -100,7 +92,7 @@ class Trajectory:
     token_ids: list[int] = field(default_factory=list)  # everything after the prompt
     logprobs: list[float] = field(default_factory=list)  # 0 on observation tokens
     texts: list[str] = field(default_factory=list)  # each turn's sampled text
-    turns: list[TurnPart] = field(default_factory=list)
+    turns: list[TurnRecord] = field(default_factory=list)
     finish_reason: str = ""  # of the last turn: "stop" | "length" | "abort"
     ended: str = ""  # why it ended (Trajectory.apply_step)
     unscorable_reason: str | None = None
@@ -128,7 +120,7 @@ class Trajectory:
     def add_turn(self, sample: Sample, version: int) -> None:
         """The engine's sampled tokens for the next turn, with their behaviour logprobs."""
         starts_sample = self.sample_prompt is not None and self.sample_start == len(self.token_ids)
-        self.turns.append(TurnPart(len(sample.token_ids), 0, version,
+        self.turns.append(TurnRecord(len(sample.token_ids), 0, version,
                                    context_ids=list(self.sample_prompt) if starts_sample else []))
         self.token_ids += sample.token_ids
         self.logprobs += sample.logprobs
@@ -211,11 +203,8 @@ class Trajectory:
         (or why it has none)."""
         message = pb.Completion(token_ids=self.token_ids, logprobs=self.logprobs,
                                 finish_reason=FINISH_REASONS[self.finish_reason], text="".join(self.texts))
-        for part in self.turns:
-            turn = message.turns.add(sampled_tokens=part.sampled_tokens, observation_tokens=part.observation_tokens,
-                                     policy_version=part.policy_version, context_token_ids=part.context_ids)
-            if part.reward is not None:
-                turn.reward = part.reward
+        for turn in self.turns:
+            turn.add_to(message)
         if self.unscorable_reason is None:
             message.reward = self.reward
         else:

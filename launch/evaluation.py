@@ -1,7 +1,7 @@
 """Held-out evaluation of a model: greedy accuracy (pass@1), mean sampled reward and pass@k; and the
 eval mode (launch/eval.py), which scores a run's model on its held-out split.
 
-A completion "passes" when its reward exceeds rewards.types.PASS_THRESHOLD.
+A completion "passes" when its reward exceeds tandem_wire.conventions.PASS_THRESHOLD.
 The model runs in a vLLM `RolloutEngine` in this process; weights can be swapped in between
 evaluations (`evaluate(tensors=...)`) so an RL run evaluates its newest weights without
 writing a directory. Rewards are scored by a `Scorer` (the run's reward functions in an isolated
@@ -30,7 +30,8 @@ from launch.run import Run
 from rewards.environment_host import IsolatedEnvironment
 from rewards.isolation import IsolatedScorer
 from rewards.spec import EnvironmentSpec
-from rewards.types import PASS_THRESHOLD, ScoreResult
+from rewards.types import ScoreResult
+from tandem_wire.conventions import PASS_THRESHOLD
 
 
 class Scorer(Protocol):

@@ -1,4 +1,5 @@
-"""Reinforcement learning (GRPO / GSPO / GSPO-token): learner + vLLM rollout actors + reward pool on Ray.
+"""Reinforcement learning (GRPO, GSPO, GSPO-token, CISPO, decoupled PPO; Dr.GRPO and DAPO through `algo.*`):
+learner + vLLM rollout actors + reward pool on Ray.
 
     ray job submit --working-dir . -- python launch/rl.py launch/configs/demo_rl.yaml [key=value ...]
     python launch/rl.py launch/configs/demo_rl.yaml        # starts a local Ray when none is running

@@ -26,7 +26,8 @@ MODES = ("pretrain", "sft", "rl")  # the training modes, in the order the demo r
 DESCRIPTIONS = {
     "pretrain": "train the learner alone on all tokens of a text dataset (rows with `text`).",
     "sft": "train the learner alone on assistant tokens of chat data (rows with `messages`).",
-    "rl": "GRPO/GSPO with vLLM rollout actors and a reward pool on Ray (rows with `prompt`, `answer`). "
+    "rl": "GRPO, GSPO, GSPO-token, CISPO or decoupled PPO (algo.algorithm) with vLLM rollout actors and a "
+          "reward pool on Ray (rows with `prompt`, `answer`). "
           "Running the same command again resumes from the last checkpoint and, if the previous "
           "driver died, re-attaches to its actors (rollout.fleet_name).",
     "eval": "score model.path (default run_dir/hf_final) on data.eval: greedy pass@1, pass rate, pass@k.",

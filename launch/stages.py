@@ -2,7 +2,7 @@
 
     python launch/pretrain.py CONFIG [key=value ...]   learner alone, all tokens of `text` rows
     python launch/sft.py      CONFIG [key=value ...]   learner alone, completion-only loss on `messages`
-    python launch/rl.py       CONFIG [key=value ...]   learner + rollout actors + reward pool (GRPO/GSPO)
+    python launch/rl.py       CONFIG [key=value ...]   learner + actors + rewards (GRPO, GSPO, CISPO, ...)
     python launch/eval.py     CONFIG [key=value ...]   held-out pass@1 / pass@k of model.path
 
 Each writes under `run_dir`: checkpoints/ (orbax; a rerun resumes), tb/ (TensorBoard + metrics.jsonl),

@@ -31,7 +31,7 @@ import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rewards.registry import import_reference
+from tandem_wire.conventions import import_reference
 
 # Roles an observation message may have: the next user message or a tool's output.
 OBSERVATION_ROLES = ("user", "tool")

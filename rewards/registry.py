@@ -22,6 +22,8 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tandem_wire.conventions import import_reference
+
 # Modules whose import registers the built-in rewards; imported on the first lookup by name so that
 # importing the registry stays cheap.
 _BUILTIN_MODULES = ("rewards.answers", "rewards.shaping", "rewards.code_execution")
@@ -53,19 +55,6 @@ def reward(name: str, *, batched: bool = False) -> Callable[[Callable], Callable
         return fn
 
     return register
-
-
-def import_reference(ref: str, kind: str) -> Callable:
-    """The callable ``"package.module:attribute"`` names (a function or a class); `kind` names it in errors."""
-    module_name, _, attribute = ref.partition(":")
-    module = importlib.import_module(module_name)
-    try:
-        fn = getattr(module, attribute)
-    except AttributeError:
-        raise ValueError(f"{kind} {ref!r}: {module_name!r} has no attribute {attribute!r}") from None
-    if not callable(fn):
-        raise ValueError(f"{kind} {ref!r} is not callable")
-    return fn
 
 
 def resolve(ref: str) -> Callable:

@@ -5,10 +5,6 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-# A completion "passes" when its reward exceeds this (the built-in answer rewards give 1 or 0): the
-# learner's pass_rate and the evaluator's pass@k both count with it.
-PASS_THRESHOLD = 0.5
-
 
 @dataclass(frozen=True)
 class ScoreResult:

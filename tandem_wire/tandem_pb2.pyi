@@ -355,20 +355,18 @@ class WeightMessage(_message.Message):
     def __init__(self, header: _Optional[_Union[WeightHeader, _Mapping]] = ..., chunk: _Optional[_Union[WeightChunk, _Mapping]] = ..., commit: _Optional[_Union[WeightCommit, _Mapping]] = ..., shared: _Optional[_Union[SharedWeights, _Mapping]] = ..., peer: _Optional[_Union[PeerWeights, _Mapping]] = ...) -> None: ...
 
 class FetchWeightsRequest(_message.Message):
-    __slots__ = ("wire_version", "actor_id", "version", "shared_memory_domain", "relay_address", "accept_peer")
+    __slots__ = ("wire_version", "actor_id", "version", "shared_memory_domain", "relay_address")
     WIRE_VERSION_FIELD_NUMBER: _ClassVar[int]
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_DOMAIN_FIELD_NUMBER: _ClassVar[int]
     RELAY_ADDRESS_FIELD_NUMBER: _ClassVar[int]
-    ACCEPT_PEER_FIELD_NUMBER: _ClassVar[int]
     wire_version: WireVersion
     actor_id: str
     version: int
     shared_memory_domain: str
     relay_address: str
-    accept_peer: bool
-    def __init__(self, wire_version: _Optional[_Union[WireVersion, str]] = ..., actor_id: _Optional[str] = ..., version: _Optional[int] = ..., shared_memory_domain: _Optional[str] = ..., relay_address: _Optional[str] = ..., accept_peer: _Optional[bool] = ...) -> None: ...
+    def __init__(self, wire_version: _Optional[_Union[WireVersion, str]] = ..., actor_id: _Optional[str] = ..., version: _Optional[int] = ..., shared_memory_domain: _Optional[str] = ..., relay_address: _Optional[str] = ...) -> None: ...
 
 class WeightReport(_message.Message):
     __slots__ = ("actor_id", "version", "applied", "detail", "stall_seconds", "transfer_seconds")

@@ -72,6 +72,20 @@ def ray_session():
         ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def weight_dirs(tmp_path_factory) -> dict[str, Path]:
+    """The actor tests' tiny Qwen2 checkpoint ("base", random weights from models.tiny) and three other
+    versions of it, "sharp_a", "sharp_b", "sharp_c" (random weights of seeds 1, 2, 3, sharper than the base's:
+    greedy tokens free of near-ties), as HF dirs; built once per session and only read."""
+    from actors_helpers import load_tensors, make_base_model, random_weights, write_weights_dir
+
+    root = tmp_path_factory.mktemp("weights")
+    base = make_base_model(root / "base")
+    tensors = load_tensors(base)
+    return {"base": base, **{name: write_weights_dir(base, root / name, random_weights(tensors, seed=seed))
+                             for seed, name in enumerate(("sharp_a", "sharp_b", "sharp_c"), start=1)}}
+
+
 @pytest.fixture
 def ray_head():
     """A second, real Ray cluster (`ray start --head` on loopback) for tests that submit jobs to it."""

@@ -238,9 +238,8 @@ def main(run_dir: Path, steps: int, num_processes: int, process_id: int, port: i
 
 def note_published(service, checksums: dict[int, str]) -> None:
     """The digest of the service's newest version (what real actors fetch)."""
-    weights = service._weights.acquire()
+    weights = service._desk.held()
     checksums[weights.version] = weights.checksum
-    service._weights.release(weights)
 
 
 if __name__ == "__main__":

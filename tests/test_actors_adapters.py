@@ -17,17 +17,16 @@ from actors_helpers import (
     greedy_tokens,
     hf_model,
     load_tensors,
-    make_base_model,
     merged_weights,
     random_adapter,
-    random_weights,
     sampled_token_logprobs,
     write_weights_dir,
 )
 
-from actors.engine import RolloutEngine, SamplingSpec, WeightSetError
+from actors.engine import RolloutEngine, SamplingSpec
 from actors.weights.adapters import write_peft_dir
 from actors.weights.apply import applier
+from actors.weights.checks import WeightSetError
 from actors.weights.staging import stage_weights
 from learner.weights.publisher import pack_weights
 from models.peft import LoraConfig, adapter_config
@@ -43,11 +42,9 @@ PROMPTS = [chat_prompt("12+30"), chat_prompt("7+8"), chat_prompt("250+250")]
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
+def base(weight_dirs):
     """A tiny qwen2 with sharp random weights (greedy outputs free of near-ties)."""
-    root = tmp_path_factory.mktemp("adapters")
-    tiny = make_base_model(root / "tiny")
-    return write_weights_dir(tiny, root / "base", random_weights(load_tensors(tiny), seed=1))
+    return weight_dirs["sharp_a"]
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,11 @@ from actors_helpers import (
     greedy_tokens,
     hf_model,
     load_tensors,
-    make_base_model,
-    random_weights,
     sampled_token_logprobs,
-    write_weights_dir,
 )
 
-from actors.engine import PromptTooLongError, RolloutEngine, Sample, SamplingSpec, WeightSetError
+from actors.engine import PromptTooLongError, RolloutEngine, Sample, SamplingSpec
+from actors.weights.checks import WeightSetError
 
 pytestmark = pytest.mark.slow  # a real vLLM engine
 
@@ -25,16 +23,9 @@ MAX_MODEL_LEN = 48
 
 
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
+def dirs(weight_dirs):
     """base: the tiny checkpoint the engine starts from; sharp_a/sharp_b: two other weight versions."""
-    root = tmp_path_factory.mktemp("engine")
-    base = make_base_model(root / "base")
-    base_tensors = load_tensors(base)
-    return {
-        "base": base,
-        "sharp_a": write_weights_dir(base, root / "sharp_a", random_weights(base_tensors, seed=1)),
-        "sharp_b": write_weights_dir(base, root / "sharp_b", random_weights(base_tensors, seed=2)),
-    }
+    return weight_dirs
 
 
 @pytest.fixture(scope="module")

@@ -221,7 +221,7 @@ def test_a_template_that_rewrites_earlier_turns_splits_trajectories_into_the_sam
     assert stats["sequences"] == 2 * G + splits and batch.segment_ids.max(1).sum() == 2 * G + splits  # a sample each
 
 
-def test_held_out_evaluation_plays_whole_greedy_episodes_the_model_would_play(tmp_path):
+def test_held_out_evaluation_plays_whole_greedy_episodes_the_model_would_play(weight_dirs):
     """launch.evaluation with an environment: greedy episodes are the model's argmax at every sampled
     position (transformers, teacher-forced on the whole trajectory), and the figures count episodes."""
     import torch
@@ -232,8 +232,7 @@ def test_held_out_evaluation_plays_whole_greedy_episodes_the_model_would_play(tm
     from rewards.environment_host import IsolatedEnvironment
     from rewards.isolation import IsolatedScorer
 
-    plain = make_base_model(tmp_path / "plain")  # sharp weights: greedy tokens free of near-ties
-    base = write_weights_dir(plain, tmp_path / "base", random_weights(load_tensors(plain), seed=1))
+    base = weight_dirs["sharp_a"]  # sharp weights: greedy tokens free of near-ties
     tokenizer = AutoTokenizer.from_pretrained(base)
     environment = EnvironmentSpec(ref="answer_retry", max_turns=MAX_TURNS, max_total_tokens=40)
     spec = RewardSpec(functions=[WeightedReward(ref="exact_match")], environment=environment)

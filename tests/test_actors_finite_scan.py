@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import actors.weights.finite_scan as finite_scan
-from actors.engine import TensorSpec, WeightSetError, validate_weight_set
+from actors.weights.checks import TensorSpec, WeightSetError, validate_weight_set
 from actors.weights.finite_scan import FiniteScan, has_nonfinite
 from actors.weights.staging import stage_weights
 from learner.weights.publisher import pack_weights

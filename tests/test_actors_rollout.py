@@ -15,16 +15,13 @@ from actors_helpers import (
     greedy_tokens,
     hf_model,
     load_tensors,
-    make_base_model,
-    random_weights,
     sampled_token_logprobs,
     wait_for,
-    write_weights_dir,
 )
 from config_helpers import actor_config, service_config
 from weight_faults import damaging, flip_a_byte
 
-import learner.service.server as service_module
+import learner.weights.desk as desk_module
 from actors.fleet import ActorFleet
 from actors.stats import ActorStats
 from launch.config import load_config
@@ -81,13 +78,8 @@ class Rig:
 
 
 @pytest.fixture(scope="module")
-def rig(ray_session, tmp_path_factory):
-    root = tmp_path_factory.mktemp("rollout")
-    base = make_base_model(root / "base")
-    base_tensors = load_tensors(base)
-    dirs = {"base": base}
-    for seed, name in enumerate(["sharp_a", "sharp_b", "sharp_c"], start=1):
-        dirs[name] = write_weights_dir(base, root / name, random_weights(base_tensors, seed=seed))
+def rig(ray_session, weight_dirs):
+    dirs, base = weight_dirs, weight_dirs["base"]
     pool = RewardPool(RewardSpec(functions=[WeightedReward(ref="exact_match")]), num_workers=1)
     service = LearnerService(
         PromptSource(dataset(), epochs=None, seed=0),
@@ -173,7 +165,7 @@ def test_corrupted_publish_is_rejected_and_the_old_version_keeps_serving(rig, co
     good = load_tensors(rig.dirs["sharp_a"])
     if corruption == "flipped_byte":
         # A corruption after the digest was taken: a payload byte flips in the stream and the shared file.
-        monkeypatch.setattr(service_module, "pack_weights", damaging(service_module.pack_weights, {
+        monkeypatch.setattr(desk_module, "pack_weights", damaging(desk_module.pack_weights, {
             rig.version + 1: flip_a_byte}))
         version = rig.publish("sharp_a", good)
         monkeypatch.undo()

@@ -15,10 +15,8 @@ from actors_helpers import (
     greedy_tokens,
     hf_model,
     load_tensors,
-    make_base_model,
     merged_weights,
     random_adapter,
-    random_weights,
     sampled_token_logprobs,
     wait_for,
     write_weights_dir,
@@ -57,9 +55,8 @@ def consume(service: LearnerService, n: int, version: int, seen: set[int], timeo
 
 
 def test_adapter_versions_load_under_their_names_and_the_oldest_unloads_while_the_actor_samples(
-        ray_session, tmp_path):
-    tiny = make_base_model(tmp_path / "tiny")
-    base = write_weights_dir(tiny, tmp_path / "base", random_weights(load_tensors(tiny), seed=1))
+        ray_session, tmp_path, weight_dirs):
+    base = weight_dirs["sharp_a"]  # sharp weights: greedy outputs free of near-ties
     adapters = {v: random_adapter(base, LORA, seed=100 + v) for v in VERSIONS}
     merged = {v: hf_model(write_weights_dir(base, tmp_path / f"v{v}", merged_weights(load_tensors(base), adapters[v],
                                                                                       LORA.scale)))

@@ -14,10 +14,7 @@ from actors_helpers import (
     chat_prompt,
     hf_model,
     load_tensors,
-    make_base_model,
-    random_weights,
     sampled_token_logprobs,
-    write_weights_dir,
 )
 from config_helpers import actor_config, service_config
 
@@ -34,9 +31,8 @@ TEMPERATURE = 0.7
 
 
 @pytest.fixture(params=[64, 0], ids=["drain", "abort"])
-def actor_and_service(ray_session, tmp_path, request):
-    base = make_base_model(tmp_path / "base")
-    sharp = write_weights_dir(base, tmp_path / "sharp", random_weights(load_tensors(base), seed=1))
+def actor_and_service(ray_session, weight_dirs, request):
+    base, sharp = weight_dirs["base"], weight_dirs["sharp_a"]
     pool = RewardPool(RewardSpec(functions=[WeightedReward(ref="exact_match")]), num_workers=1)
     prompts = [Prompt(chat_prompt(f"{a}+{b}"), f"{a}+{b}", {"answer": str(a + b)}) for a, b in [(12, 30), (7, 8)]]
     service = LearnerService(PromptSource(prompts, epochs=None), service_config(

@@ -77,7 +77,7 @@ def test_two_async_actors_rarely_drop_a_stale_group_and_train_within_eta_version
     assert sum(f["relay_failed"] for f in sources) < relayed, sources
     # a version both actors fetch leaves the learner once: its egress stays one copy per version fetched
     versions = set().union(*(s.versions_applied for s in stats.values()))
-    version_bytes = loop.service._weights.acquire().header.total_bytes
+    version_bytes = loop.service._desk.held().header.total_bytes
     assert accounting["weight_bytes_streamed"] <= 1.5 * len(versions) * version_bytes
     print(f"\nasync steady state: {STEPS} steps, 2 actors, η = {MAX_STALENESS}: stale {accounting['groups_stale']} "
           f"{stale['causes']}, consumed {accounting['groups_consumed']}; weight fetches {fetched}, relayed {relayed}, "

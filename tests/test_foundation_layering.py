@@ -110,3 +110,88 @@ def test_each_code_map_names_every_module_of_its_package(package):
     assert modules, package
     missing = [name for name in modules if f"`{name}`" not in code_map]
     assert not missing, f"{package}/README.md does not name {missing}"
+
+
+# Inside the packages: no import cycle, type-only imports (under TYPE_CHECKING, or inside a function)
+# included, since a reader follows those too. models/ is left out until issue 50's branch unties its one
+# cycle (models/jax_model.py <-> models/lora.py); the lead adds it then.
+CYCLE_FREE = ("actors", "learner", "launch", "rewards", "tandem_wire")
+
+
+def import_graph(packages: tuple[str, ...], root: Path = ROOT) -> dict[str, set[str]]:
+    """Each module of `packages` -> the modules of `packages` its import statements name (`from a.b import
+    c` names the module a.b.c when there is one, else a.b)."""
+    paths = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+             for package in packages for p in (root / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        named: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join([*here.split(".")[:len(here.split(".")) - node.level + 1], *filter(None, [base])])
+                named |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in paths else base for alias in node.names}
+            elif isinstance(node, ast.Import):
+                named |= {alias.name for alias in node.names}
+        graph[name] = {module for module in named if module in paths and module != name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for dep in sorted(graph[module]):
+            if dep not in order:
+                visit(dep)
+                low[module] = min(low[module], low[dep])
+            elif dep in stack:
+                low[module] = min(low[module], order[dep])
+        if low[module] == order[module]:
+            component = stack[stack.index(module):]
+            del stack[stack.index(module):]
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return cycles
+
+
+def test_no_import_cycle_inside_the_packages():
+    assert import_cycles(import_graph(CYCLE_FREE)) == []
+
+
+def test_the_cycle_rule_sees_a_type_only_cycle(tmp_path):
+    """The rule is not vacuous: two modules that import each other, one of them only for a type, are a cycle."""
+    wing = tmp_path / "pkg" / "wing"
+    wing.mkdir(parents=True)
+    (tmp_path / "pkg" / "engine.py").write_text("from pkg.wing import check\n")
+    (wing / "__init__.py").write_text("")
+    (wing / "check.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..engine import E\n")
+    (wing / "free.py").write_text("from pkg.wing import check\n")
+    graph = import_graph(("pkg",), tmp_path)
+    assert graph["pkg.wing.check"] == {"pkg.engine"} and graph["pkg.wing.free"] == {"pkg.wing.check"}
+    assert import_cycles(graph) == [["pkg.engine", "pkg.wing.check"]]
+
+
+# A wing sits below the modules of the package that holds it: actors/weights/ imports nothing else of actors/
+# (the engine is a Protocol to it, actors/weights/checks.py), learner's rooms none of its loops (above).
+WINGS = {"actors.weights": "actors"}
+
+
+@pytest.mark.parametrize("wing", sorted(WINGS))
+def test_a_wing_imports_nothing_of_the_package_above_it(wing):
+    above = WINGS[wing]
+    upward = {f"{module} -> {dep}" for module, deps in import_graph((above,)).items() if module.startswith(wing)
+              for dep in deps if not dep.startswith(wing)}
+    assert not upward, sorted(upward)

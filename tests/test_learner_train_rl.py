@@ -22,8 +22,9 @@ from learner.algo.turn_advantages import trajectory
 from learner.mesh import shard_rows
 from learner.rl_loop import build_batch
 from learner.schema import TokenTIS
-from learner.service.group_validation import CompletionRecord, TurnRecord
+from learner.service.group_validation import CompletionRecord
 from models.jax_model import load_model, make_mesh
+from tandem_wire.turns import TurnRecord
 
 PAD = 0
 

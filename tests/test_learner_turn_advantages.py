@@ -21,7 +21,8 @@ from learner.algo.turn_advantages import (
     turn_advantages,
 )
 from learner.rl_loop import build_batch
-from learner.service.group_validation import CompletionRecord, GroupRecord, TurnRecord
+from learner.service.group_validation import CompletionRecord, GroupRecord
+from tandem_wire.turns import TurnRecord
 
 PAD = 0
 # Three trajectories of one group: per-turn rewards (they sum to 1, 0.5 and 0).

@@ -26,8 +26,8 @@ from reliability_helpers import (
 )
 from weight_faults import cut_before_commit, damaging, flip_a_byte
 
-import actors.learner_client as learner_client_module
-import learner.service.server as service_module
+import actors.weights.fetcher as fetcher_module
+import learner.weights.desk as desk_module
 from actors.learner_client import LearnerClient, WeightTransferError
 from actors.weights.staging import stage_weights
 from learner.weights.shared_memory import remove_stale_files
@@ -41,8 +41,8 @@ CORRUPTED, CUT = 3, 5  # weight versions whose push breaks
 
 
 def test_broken_weight_pushes_leave_the_actor_on_its_last_complete_version(ray_session, tmp_path, monkeypatch):
-    monkeypatch.setattr(service_module, "pack_weights",
-                        damaging(service_module.pack_weights, {CORRUPTED: flip_a_byte, CUT: cut_before_commit}))
+    monkeypatch.setattr(desk_module, "pack_weights",
+                        damaging(desk_module.pack_weights, {CORRUPTED: flip_a_byte, CUT: cut_before_commit}))
     # without the shared-memory bulk path (as for actors on other hosts): the gRPC stream carries every
     # version, and the run completes on it
     run = tiny_run(tmp_path / "run", steps=STEPS, checkpoint_every=STEPS,
@@ -88,7 +88,7 @@ def test_broken_weight_pushes_leave_the_actor_on_its_last_complete_version(ray_s
 
     history = final_history(steps.entries)
     check_run(accounting, history, STEPS)
-    version_bytes = loop.service._weights.acquire().header.total_bytes
+    version_bytes = loop.service._desk.held().header.total_bytes
     assert accounting["weight_bytes_shared"] == 0
     assert accounting["weight_bytes_streamed"] > len(stats.versions_applied) * version_bytes  # all streamed
     for version in (CORRUPTED, CUT):
@@ -161,7 +161,7 @@ def test_a_learner_killed_in_the_middle_of_a_push_leaves_the_previous_version_in
             before_commit = itertools.takewhile(lambda m: m.WhichOneof("part") != "commit", stream)
             return stage_weights(itertools.chain(head, before_commit), version, allow_shared, watcher)
 
-        monkeypatch.setattr(learner_client_module, "stage_weights", kill_mid_push)
+        monkeypatch.setattr(fetcher_module, "stage_weights", kill_mid_push)
         with pytest.raises(WeightTransferError, match="weight stream failed|truncated") as error:
             client.fetch_weights()
         client.close()

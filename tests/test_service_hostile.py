@@ -28,7 +28,7 @@ from wire_helpers import (
     wire_accounting,
 )
 
-import learner.service.server as service_module
+import learner.service.group_desk as group_desk_module
 from learner.service.accounting import balance_violations
 from learner.service.prompt_source import PromptSource
 from tandem_wire import WIRE_VERSION, pb
@@ -98,14 +98,14 @@ def test_3_a_5000_digit_group_id_and_an_unexpected_exception_each_get_a_counted_
         huge.group_id = "1" * 5000 + ":0"
         boom = make_group(leases[1], actor.actor_id, seed=1)
         boom.metadata["boom"] = "1"
-        real_decide = service_module.decide
+        real_decide = group_desk_module.decide
 
         def decide(record, *args):
             if "boom" in record.metadata:
                 raise ValueError("an admission bug")
             return real_decide(record, *args)
 
-        monkeypatch.setattr(service_module, "decide", decide)
+        monkeypatch.setattr(group_desk_module, "decide", decide)
         with caplog.at_level(logging.WARNING, logger="learner.service.server"):
             acks = actor.exchange([huge, boom, make_group(leases[0], actor.actor_id)])  # stream goes on
         assert [(a.status, a.detail) for a in acks] == [

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from wire_helpers import connected_client, running_service
 
-from actors.engine import WeightSetError
 from actors.weights.adapter_check import check_adapter, config_problems
 from actors.weights.adapters import ADAPTER_DIR_PREFIX, LoadedAdapters
 from actors.weights.apply import APPLIERS, applier
+from actors.weights.checks import WeightSetError
 from actors.weights.staged import StagedWeights, WeightTransferError
 from actors.weights.staging import stage_weights
 from learner.weights.publisher import pack_weights
-from learner.weights.shared_memory import SharedWeightFiles
+from learner.weights.shared_memory import SharedMemoryHalf, SharedWeightFiles
 from models.peft import LoraConfig, adapter_config
 from tandem_wire import pb
 from tandem_wire.weights.manifest import ADAPTER, FULL, MAX_ADAPTER_CONFIG_BYTES
@@ -41,10 +41,10 @@ def _messages(blob_messages) -> list[pb.WeightMessage]:
 def test_an_adapter_version_carries_its_kind_and_config_over_the_stream_and_shared_memory():
     files = SharedWeightFiles()
     try:
-        weights = pack_weights(3, ADAPTERS, adapter=CONFIG, share=files.write)
+        weights = pack_weights(3, ADAPTERS, adapter=CONFIG, keep=[SharedMemoryHalf(files, "xxh3_128", print).packed])
         assert weights.header.kind == ADAPTER == pb.WEIGHT_KIND_ADAPTER
         assert json.loads(weights.header.adapter_config) == CONFIG
-        for messages, shared in ((weights.messages, False), (weights.shared_messages, True)):
+        for messages, shared in ((weights.messages, False), (weights.extra["shared"], True)):
             staged = stage_weights(_messages(messages), allow_shared=shared)
             assert (staged.version, staged.kind, staged.adapter) == (3, ADAPTER, CONFIG)
             assert [name for name, _ in staged.tensors] == [name for name, _ in ADAPTERS]

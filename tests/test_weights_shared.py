@@ -23,6 +23,7 @@ from tandem_wire import WIRE_VERSION, pb, rpc
 from tandem_wire.limits import MAX_LABEL_CHARS
 from tandem_wire.weights.digest import hexdigest
 from tandem_wire.weights.shared_memory import SHARED_PREFIX, SHM_DIR
+from tandem_wire.weights.transports import SHARED_MEMORY
 
 
 def _weights(seed: int) -> list[tuple[str, np.ndarray]]:
@@ -49,13 +50,11 @@ def _own_files() -> set[str]:
 
 def _held(service, version: int):
     """The service's packed `version` (acquired and released at once: no reader left behind)."""
-    weights = service._weights.acquire(version)
-    service._weights.release(weights)
-    return weights
+    return service._desk.held(version)
 
 
 def _shared_path(service, version: int) -> str:
-    return pb.WeightMessage.FromString(_held(service, version).shared_messages[1]).shared.path
+    return pb.WeightMessage.FromString(_held(service, version).extra["shared"][1]).shared.path
 
 
 def test_same_host_actors_read_one_shared_copy_and_egress_stays_one_version():
@@ -109,7 +108,7 @@ def test_a_version_superseded_before_its_file_is_opened_is_fetched_again_from_sh
     before the actor opens the file; a publish in between removes the file. The actor asks again and
     reads the newer version's file instead of streaming the whole version (CI saw one such fallback
     push the egress of a 10-step run past one version)."""
-    import actors.learner_client as learner_client_module
+    import actors.weights.fetcher as fetcher_module
 
     with running_service(weight_chunk_bytes=4096) as (service, address):
         service.publish_weights(1, _weights(1))
@@ -126,7 +125,7 @@ def test_a_version_superseded_before_its_file_is_opened_is_fetched_again_from_sh
             wait_until(lambda: not os.path.exists(head[1].shared.path), what="v1's file removed")
             return stage_weights(itertools.chain(head, stream), version, allow_shared, watcher)
 
-        monkeypatch.setattr(learner_client_module, "stage_weights", superseded_first)
+        monkeypatch.setattr(fetcher_module, "stage_weights", superseded_first)
         client = connected_client(address)
         streamed_before = service.accounting()["weight_bytes_streamed"]
         staged = client.fetch_weights()
@@ -149,7 +148,7 @@ def _flip_byte(path: str) -> None:
 def test_staging_refuses_shared_files_it_did_not_ask_for_or_outside_shared_memory(tmp_path):
     with running_service() as (service, _):
         service.publish_weights(1, _weights(1))
-        messages = [pb.WeightMessage.FromString(m) for m in _held(service, 1).shared_messages]
+        messages = [pb.WeightMessage.FromString(m) for m in _held(service, 1).extra["shared"]]
         with pytest.raises(WeightTransferError, match="unexpected shared"):
             stage_weights(messages)  # an actor that did not offer its domain
         messages[1].shared.path = str(tmp_path / f"{SHARED_PREFIX}x")
@@ -167,7 +166,7 @@ def test_a_full_shared_memory_leaves_the_version_streamed_only(monkeypatch):
     monkeypatch.setattr(SharedWeightFiles, "write", no_space)
     with running_service() as (service, address):
         service.publish_weights(1, _weights(1))
-        assert _held(service, 1).shared_messages is None and service.accounting()["weight_bytes_shared"] == 0
+        assert "shared" not in _held(service, 1).extra and service.accounting()["weight_bytes_shared"] == 0
         client = connected_client(address)
         assert _bit_equal(_weights(1), client.fetch_weights())
         assert client.weight_fetches == _fetches(streamed=1)
@@ -184,7 +183,7 @@ def test_without_shared_memory_or_from_another_domain_the_stream_is_used():
     with running_service() as (service, address):
         service.publish_weights(1, _weights(1))
         client = connected_client(address)
-        client._shared_memory_domain = "another-boot:1:2"  # an actor on another host (or container)
+        client._weights._halves[SHARED_MEMORY].domain = "another-boot:1:2"  # an actor on another host (or container)
         assert _bit_equal(_weights(1), client.fetch_weights())
         assert client.weight_fetches == _fetches(streamed=1)
         client.close()
@@ -227,7 +226,7 @@ def test_a_shared_file_is_verified_with_the_digest_its_message_names(kind):
         weights[0][1][3, 5] = np.nan  # found by the scan that runs beside the digest
         service.publish_weights(1, weights)
         held = _held(service, 1)
-        shared = pb.WeightMessage.FromString(held.shared_messages[1]).shared
+        shared = pb.WeightMessage.FromString(held.extra["shared"][1]).shared
         with open(shared.path, "rb") as f:
             assert (shared.checksum_algorithm, shared.checksum) == (kind, hexdigest(kind, f.read()))
         client = connected_client(address)
@@ -241,7 +240,7 @@ def test_a_shared_file_is_verified_with_the_digest_its_message_names(kind):
 def test_a_shared_file_naming_an_unknown_digest_is_refused():
     with running_service() as (service, _):
         service.publish_weights(1, _weights(1))
-        messages = [pb.WeightMessage.FromString(m) for m in _held(service, 1).shared_messages]
+        messages = [pb.WeightMessage.FromString(m) for m in _held(service, 1).extra["shared"]]
         messages[1].shared.checksum_algorithm = "crc32"
         with pytest.raises(WeightTransferError, match="shared weights: unsupported checksum algorithm 'crc32'"):
             stage_weights(messages, allow_shared=True)

@@ -15,8 +15,8 @@ def flip_a_byte(blob: WeightBlob) -> WeightBlob:
     """The version with one payload byte flipped after its digest was taken."""
     chunk = bytearray(blob.messages[1])
     chunk[len(chunk) // 2] ^= 0xFF
-    if blob.shared_messages is not None:
-        path = pb.WeightMessage.FromString(blob.shared_messages[1]).shared.path
+    if "shared" in blob.extra:
+        path = pb.WeightMessage.FromString(blob.extra["shared"][1]).shared.path
         os.chmod(path, 0o600)
         with open(path, "r+b") as f:
             first = f.read(1)
@@ -27,13 +27,13 @@ def flip_a_byte(blob: WeightBlob) -> WeightBlob:
 
 def cut_before_commit(blob: WeightBlob) -> WeightBlob:
     """The version whose streams end before their commit (a connection dropped mid-push)."""
-    shared = blob.shared_messages and blob.shared_messages[:-1]
-    return dataclasses.replace(blob, messages=blob.messages[:-1], shared_messages=shared)
+    extra = {name: messages[:-1] for name, messages in blob.extra.items()}
+    return dataclasses.replace(blob, messages=blob.messages[:-1], extra=extra)
 
 
 def damaging(real_pack, damage: dict[int, object]):
     """`real_pack` (learner.weights.publisher.pack_weights) with `damage[version](blob)` applied to
-    the versions named, for monkeypatching learner.service.server.pack_weights."""
+    the versions named, for monkeypatching learner.weights.desk.pack_weights."""
     def pack(version, *args, **kwargs):
         blob = real_pack(version, *args, **kwargs)
         return damage[version](blob) if version in damage else blob

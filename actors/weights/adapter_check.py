@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.engine import CheckedAdapter, RolloutEngine, TensorSpec, WeightSetError, named_arrays, validate_weight_set
+from actors.weights.checks import (
+    CheckedAdapter,
+    TensorSpec,
+    WeightEngine,
+    WeightSetError,
+    named_arrays,
+    validate_weight_set,
+)
 from actors.weights.staged import StagedWeights
 from models.peft import LoraConfig, adapter_config
 
@@ -45,7 +52,7 @@ def _same(theirs: Any, ours: Any) -> bool:
     return theirs == ours
 
 
-def check_adapter(engine: RolloutEngine, staged: StagedWeights) -> CheckedAdapter:
+def check_adapter(engine: WeightEngine, staged: StagedWeights) -> CheckedAdapter:
     """`staged` as an adapter version `engine` can load; WeightSetError listing every problem otherwise."""
     if engine.lora is None:
         raise WeightSetError("rejected adapter version: this actor serves full weights (model.lora is unset)")

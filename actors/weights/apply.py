@@ -15,16 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from actors.engine import WeightSetError
 from actors.weights.adapter_check import check_adapter
+from actors.weights.checks import WeightEngine, WeightSetError
 from actors.weights.staged import StagedWeights
 from tandem_wire import pb
 from tandem_wire.weights.manifest import ADAPTER, FULL
-
-if TYPE_CHECKING:
-    from actors.engine import RolloutEngine
 
 Checked = TypeVar("Checked")
 
@@ -33,8 +30,8 @@ Checked = TypeVar("Checked")
 class Applier(Generic[Checked]):
     """How one kind of version is checked and loaded."""
 
-    check: Callable[[RolloutEngine, StagedWeights], Checked]
-    load: Callable[[RolloutEngine, Checked], float]
+    check: Callable[[WeightEngine, StagedWeights], Checked]
+    load: Callable[[WeightEngine, Checked], float]
     drains: bool  # loaded only with no group in flight: they drain first, and what is left is aborted
 
 

@@ -27,7 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 
-from actors.weights.staged import WeightTransferError
+from actors.weights.halves import ActorHalf
+from actors.weights.staged import StagingWatcher, WeightTransferError
 from tandem_wire import WIRE_VERSION, grpc_options, pb, rpc
 from tandem_wire.auth import BearerTokenInterceptor
 from tandem_wire.idle import IdleReaper
@@ -195,3 +196,32 @@ def relay_host_towards(learner_address: str) -> str:
     except OSError:
         return "127.0.0.1"
     return f"[{own}]" if family == socket.AF_INET6 else own
+
+
+class RelayHalf(ActorHalf):
+    """Names this actor's relay server in every fetch (the learner may send others to it) and watches each
+    version land into it; reads a PeerWeights answer from the relay it names."""
+
+    def __init__(self, relay: WeightRelayServer, token_metadata: tuple[tuple[str, str], ...]) -> None:
+        self._relay, self._metadata = relay, token_metadata
+
+    def prepare(self, request: pb.FetchWeightsRequest, offered: bool) -> StagingWatcher | None:
+        request.relay_address = self._relay.address
+        return self._relay.staging()  # before the call: the learner may send others here at once
+
+    def receive(self, answer: Iterator[pb.WeightMessage]) -> Iterator[pb.WeightMessage]:
+        """The answer with its PeerWeights replaced by that relay's chunks (the learner's commit is read
+        first, so its call ends before the relay's)."""
+        for message in answer:
+            if message.WhichOneof("part") == "peer":
+                rest = list(answer)
+                yield from relay_chunks(message.peer, self._metadata, self._relay.reaper, self._relay.stream_timeout_s)
+                yield from rest
+                return
+            yield message
+
+
+def actor_half(*, relay: WeightRelayServer | None = None, token_metadata: tuple[tuple[str, str], ...] = (),
+               **_: object) -> RelayHalf | None:
+    """The half, when this actor runs a relay server."""
+    return RelayHalf(relay, token_metadata) if relay is not None else None

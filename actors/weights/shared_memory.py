@@ -14,12 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from actors.weights.staged import WeightTransferError
+from actors.weights.halves import ActorHalf
+from actors.weights.staged import AnswerSuperseded, StagingWatcher, WeightTransferError
 from tandem_wire import pb
-from tandem_wire.weights.shared_memory import SHARED_PREFIX, SHM_DIR
+from tandem_wire.weights.shared_memory import SHARED_PREFIX, SHM_DIR, shared_memory_domain
 
 
-class SharedFileGone(WeightTransferError):
+class SharedFileGone(AnswerSuperseded):
     """The shared file the learner named no longer exists: the learner finishes its (3-message) stream
     and unpins the version before we open the file, and a publish in between removes it."""
 
@@ -49,3 +50,23 @@ def map_shared(shared: pb.SharedWeights, header: pb.WeightHeader) -> np.ndarray:
         return np.frombuffer(mmap.mmap(fd, header.total_bytes, access=mmap.ACCESS_COPY), dtype=np.uint8)
     finally:
         os.close(fd)  # the mapping outlives the descriptor
+
+
+class SharedMemoryHalf(ActorHalf):
+    """Offers this host's shared-memory domain; staging maps the file the answer names."""
+
+    shared_files = True
+
+    def __init__(self, domain: str) -> None:
+        self.domain = domain
+
+    def prepare(self, request: pb.FetchWeightsRequest, offered: bool) -> StagingWatcher | None:
+        if offered:
+            request.shared_memory_domain = self.domain
+        return None
+
+
+def actor_half(*, shared_memory: bool = False, **_: object) -> SharedMemoryHalf | None:
+    """The half, when the client offers shared memory and this host has some to share."""
+    domain = shared_memory_domain() if shared_memory else ""
+    return SharedMemoryHalf(domain) if domain else None

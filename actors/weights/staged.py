@@ -16,6 +16,11 @@ class WeightTransferError(RuntimeError):
     """A weight stream that is incomplete, malformed or fails its checksum."""
 
 
+class AnswerSuperseded(WeightTransferError):
+    """The learner's answer named something a newer version replaced before the actor read it (e.g. a
+    shared file removed meanwhile): asking once more, the same way, gets the newer one."""
+
+
 @dataclass(frozen=True)
 class StagedWeights:
     """A version staged whole and verified: its tensors, views into one buffer (or one mapped file)."""
@@ -38,3 +43,18 @@ class StagingWatcher(Protocol):
 
     def finished(self, ok: bool) -> None:
         """The stream ended: verified (True) or failed (False)."""
+
+
+@dataclass(frozen=True)
+class Watchers:
+    """Several StagingWatchers seen as one."""
+
+    each: tuple[StagingWatcher, ...]
+
+    def landed(self, header: pb.WeightHeader, buffer: np.ndarray, end: int) -> None:
+        for watcher in self.each:
+            watcher.landed(header, buffer, end)
+
+    def finished(self, ok: bool) -> None:
+        for watcher in self.each:
+            watcher.finished(ok)

@@ -39,7 +39,7 @@ from collections.abc import Callable
 import numpy as np
 
 from learner.schema import DYNAMIC_SAMPLING
-from rewards.registry import import_reference
+from tandem_wire.conventions import import_reference
 
 STD_EPSILON = 1e-4  # ε of the std normalisations
 

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from learner.algo.sequences import Sequences
 from learner.schema import LossConfig
-from rewards.registry import import_reference
+from tandem_wire.conventions import import_reference
 
 
 class PolicyTerms(NamedTuple):

@@ -22,7 +22,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from learner.algo.advantages import GroupAdvantages
-from rewards.types import PASS_THRESHOLD
+from tandem_wire.conventions import PASS_THRESHOLD
 
 
 class CompletionLike(Protocol):

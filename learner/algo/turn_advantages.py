@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from learner.algo.advantages import STD_EPSILON, GroupAdvantages, dr_grpo, group_advantages, grpo
-from rewards.registry import import_reference
+from tandem_wire.conventions import import_reference
 
 TRAJECTORY = "trajectory"
 

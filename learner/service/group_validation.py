@@ -20,6 +20,7 @@ import numpy as np
 from learner.wire_bounds import InvalidInput, check_metadata, check_nonnegative, check_text, shown
 from tandem_wire import WIRE_VERSION, pb
 from tandem_wire.limits import MAX_DETAIL_CHARS, MAX_GROUP_SIZE, MAX_ID_CHARS, MAX_TEXT_CHARS, MAX_TURNS
+from tandem_wire.turns import TurnRecord
 
 FINISH_REASONS = {
     pb.FINISH_REASON_STOP: "stop",
@@ -28,17 +29,6 @@ FINISH_REASONS = {
 }
 # The reasons an actor may give for refusing a prompt (ScoredGroup.rejected_reason).
 REJECTED_REASONS = ("prompt_too_long",)
-
-
-@dataclass(frozen=True)
-class TurnRecord:
-    """One turn of a multi-turn completion: tokens sampled, then the environment's observation tokens."""
-
-    sampled_tokens: int
-    observation_tokens: int
-    policy_version: int
-    reward: float | None = None
-    context_ids: list[int] = field(default_factory=list)  # set: this turn starts a new training sample
 
 
 @dataclass
@@ -181,8 +171,7 @@ def _parse_completion(i: int, c: pb.Completion) -> CompletionRecord:
     text = check_text(f"{where}: text", c.text, MAX_TEXT_CHARS)
     if len(c.turns) > MAX_TURNS:
         raise InvalidInput(f"{where}: {len(c.turns)} turns > {MAX_TURNS}")
-    turns = [TurnRecord(t.sampled_tokens, t.observation_tokens, t.policy_version,
-                        t.reward if t.HasField("reward") else None, list(t.context_token_ids)) for t in c.turns]
+    turns = [TurnRecord.of(t) for t in c.turns]
     return CompletionRecord(token_ids, logprobs, FINISH_REASONS[c.finish_reason], reward, unscorable, text, turns)
 
 

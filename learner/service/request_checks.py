@@ -4,7 +4,6 @@ InvalidInput, which the servicer answers INVALID_ARGUMENT."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from learner.service.actor_registry import Capabilities, TimeShares
@@ -21,7 +20,6 @@ from tandem_wire.limits import (
 )
 
 SHARES_SLACK = 1e-6  # rounding the actor's four divisions may add
-RELAY_HOST = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]")  # a name, IPv4, or [IPv6]
 
 
 def caller(request: Any) -> str:
@@ -33,15 +31,6 @@ def caller(request: Any) -> str:
 
 def actor_id(value: str) -> str:
     return check_text("actor_id", value, MAX_ID_CHARS, printable=True, required=True)
-
-
-def relay_address(value: str) -> str:
-    """An actor's relay server, "host:port" (empty: it relays nothing); other actors are sent there."""
-    check_text("relay_address", value, MAX_LABEL_CHARS, printable=True)
-    host, _, port = value.rpartition(":")
-    if value and not (host and port.isdigit() and 0 < int(port) < 65536 and RELAY_HOST.fullmatch(host)):
-        raise InvalidInput(f"relay_address {value!r} is not host:port")
-    return value
 
 
 def capabilities(c: pb.ActorCapabilities) -> Capabilities:

@@ -21,7 +21,8 @@ and returns the actor's own credential (learner/service/actor_registry.py); Hear
 StreamGroups and ReportWeights must carry it and may only act as that actor. FetchWeights and
 Status only read. Every field is checked against its documented bound at the door
 (learner/service/request_checks.py, learner/service/group_validation.py), and what each group gets is the
-admission table's decision (learner/service/admission.py): the servicer decodes, asks, applies, encodes.
+admission table's decision (learner/service/admission.py), applied by the group desk
+(learner/service/group_desk.py); versions and their transports are the weight desk's (learner/weights/desk.py).
 
 Threads: gRPC runs each call on one pool of max_streams + max_weight_streams + unary_workers +
 unverified_unary_calls + status_workers workers. Calls are capped by the identity they prove, checked
@@ -45,7 +46,6 @@ import dataclasses
 import functools
 import inspect
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -58,7 +58,7 @@ import numpy as np
 
 from learner.schema import ServiceConfig
 from learner.service import request_checks
-from learner.service.accounting import Accounting, balance_violations, with_tokens
+from learner.service.accounting import Accounting, balance_violations
 from learner.service.actor_registry import (
     ActorRecord,
     ActorRegistry,
@@ -67,25 +67,19 @@ from learner.service.actor_registry import (
     RegistryFull,
     UnknownCredential,
 )
-from learner.service.admission import Decision, Effect, PromptFacts, Rules, Sender, decide, examine, internal_error
 from learner.service.call_limits import AtCapacity, CallSlots, SharedReply
 from learner.service.credentials import CredentialMinter
 from learner.service.enrollment import EnrollmentGate, NotEnrolled
-from learner.service.group_queue import GroupQueue, is_stale
+from learner.service.group_desk import GroupDesk, Progress
 from learner.service.group_stream import GroupStream
-from learner.service.group_validation import CompletionRecord, GroupLimits, GroupRecord
-from learner.service.late_groups import LateGroupWait
+from learner.service.group_validation import CompletionRecord, GroupRecord
 from learner.service.lease_budget import StepPace
-from learner.service.pacing import LeaseAsk, LeaseOutcome, budget_step, decide_lease, may_lease
-from learner.service.prompt_source import PromptSource, PromptState
-from learner.service.stale_log import StaleLog
+from learner.service.pacing import LeaseAsk, LeaseOutcome, decide_lease, may_lease
+from learner.service.prompt_source import PromptSource
 from learner.service.tolerant_handlers import Undecodable, add_tolerant_learner_servicer
-from learner.weights.publisher import WeightPublisher, pack_weights
-from learner.weights.relay import RelayTree
-from learner.weights.shared_memory import SharedWeightFiles
-from learner.weights.transports import Fetch, WeightTransports
-from learner.weights.versions import INITIAL_VERSION, UnknownWeightVersion, WeightVersions, check_initial_adapter
-from learner.wire_bounds import InvalidInput, check_int, check_text
+from learner.weights.desk import WeightDesk, WeightsNotHeld
+from learner.weights.versions import UnknownWeightVersion
+from learner.wire_bounds import InvalidInput, check_int
 from tandem_wire import grpc_options, pb, rpc
 from tandem_wire.auth import BearerTokenInterceptor
 from tandem_wire.idle import IdleReaper
@@ -94,11 +88,10 @@ from tandem_wire.limits import (
     ENROLLMENT_METADATA_KEY,
     MAX_ACK_DETAIL_CHARS,
     MAX_ID_CHARS,
-    MAX_LABEL_CHARS,
     MAX_METADATA_BYTES,
 )
 from tandem_wire.log_throttle import KeyedThrottle
-from tandem_wire.weights.transports import RELAY
+from tandem_wire.weights.transports import ANSWER_METADATA_KEY, OFFERS_METADATA_KEY
 
 __all__ = [
     "LearnerService",
@@ -117,10 +110,6 @@ WARNING_INTERVAL_S = 10.0  # at most one warning about re-registrations per inte
 MALFORMED_HEADER_LOG_S = 60.0  # at most one warning about malformed credential headers per actor id
 NOT_ENROLLED_LOG_S = 60.0  # at most one warning about refused registrations (retired, or not enrolled)
 BUSY_LOG_S = 60.0  # at most one warning per full pool (an actor's slots, or the unverified callers')
-
-
-class WeightsNotHeld(LookupError):
-    """FetchWeights of a version the learner does not hold (NOT_FOUND)."""
 
 
 # How a refusal raised inside an RPC is answered, and the counter it adds to (first match wins).
@@ -171,42 +160,27 @@ class LearnerService(rpc.LearnerServicer):
         prompts.limit_leases(cfg.prompts_per_step, cfg.admission.max_staleness)
         self._pace = StepPace(time.monotonic())
         self._cond = threading.Condition(threading.RLock())
-        self._queue = GroupQueue(cfg.admission.queue_capacity)
         self._accounting = Accounting()
-        # Same-host actors read each version from one shared-memory file (learner/weights/shared_memory.py).
-        self._shared = SharedWeightFiles() if cfg.server.weight_shared_memory else None
-        if self._shared is not None and not self._shared.domain:
-            self._shared = None
-        self._weights = WeightPublisher(on_drop=lambda weights: self._unshare(weights.version))
-        # Which transport answers each fetch (learner/weights/transports.py): that file, else another
-        # actor's relay (actors off this host relay each version to each other), else our own chunks.
-        fanout = cfg.server.weight_relay_fanout
-        self._transports = WeightTransports(self._shared, RelayTree(fanout) if fanout else None)
-        self._versions = WeightVersions()
-        self._latest_version = 0
-        self._step = 0
-        self._version_steps: dict[int, int] = {}  # published version -> the learner's step then
-        self._stale = StaleLog()
-        self._late = LateGroupWait(cfg.admission.late_group_wait_s)
+        # Versions, and the transports that answer each fetch (learner/weights/desk.py).
+        self._desk = WeightDesk(cfg, self._accounting.add)
+        self._progress = Progress()  # the step, the newest version and when each was published
         self._minter = CredentialMinter()  # read without the lock by _vouched_for: its key never changes
         self._registry = ActorRegistry(cfg.max_actors, cfg.admission.actor_timeout_s, minter=self._minter)
+        # Admission, the queue and the acks (learner/service/group_desk.py).
+        self._groups = GroupDesk(cfg, self._cond, self._progress, prompts, self._registry, self._accounting)
         self._enrollment = EnrollmentGate(enrollment_key, cfg.server.open_enrollment)
         self._group_streams = CallSlots("group streams", cfg.max_streams, cfg.max_streams_per_actor)
         self._weight_streams = CallSlots("weight streams", cfg.max_weight_streams, cfg.max_weight_streams_per_actor,
                                          anonymous=cfg.max_anonymous_weight_streams)
-        self._unary_calls = CallSlots("unary calls", self._workers(), cfg.unary_calls_per_actor,
+        self._unary_calls = CallSlots("unary calls", workers(cfg), cfg.unary_calls_per_actor,
                                       anonymous=cfg.unverified_unary_calls)
         self._status = SharedReply(self._status_reply, cfg.status_workers)
         self._reaper = IdleReaper(cfg.stream_idle_timeout_s, self._reaped)
-        self._sinks: dict[str, GroupStream] = {}  # actor_id -> its current group stream
-        self._warned_at = -WARNING_INTERVAL_S
+        self._reregister_log = KeyedThrottle(WARNING_INTERVAL_S)
         self._malformed_log = KeyedThrottle(MALFORMED_HEADER_LOG_S)
         self._not_enrolled_log = KeyedThrottle(NOT_ENROLLED_LOG_S)
         self._busy_log = KeyedThrottle(BUSY_LOG_S)
-        limits = GroupLimits(0, cfg.group_size, cfg.vocab_size, cfg.max_prompt_tokens, cfg.max_sequence_tokens)
-        self._rules_cache = Rules(limits, cfg.admission.max_staleness)
         self._server: grpc.Server | None = None
-        self._stopped = False
 
     # ================================================================== lifecycle
 
@@ -216,8 +190,8 @@ class LearnerService(rpc.LearnerServicer):
             raise RuntimeError("service already started")
         cfg = self.config
         server = grpc.server(
-            ThreadPoolExecutor(max_workers=self._workers(), thread_name_prefix="tandem-learner"),
-            options=self._server_options(),
+            ThreadPoolExecutor(max_workers=workers(cfg), thread_name_prefix="tandem-learner"),
+            options=server_options(cfg),
             interceptors=[BearerTokenInterceptor(cfg.server.auth_token)] if cfg.server.auth_token else [],
         )
         add_tolerant_learner_servicer(self, server)
@@ -241,91 +215,20 @@ class LearnerService(rpc.LearnerServicer):
             self._server.stop(grace).wait()
         self._reaper.stop()
         with self._cond:
-            self._stopped = True
-            for stream in self._sinks.values():
-                stream.close()
-            self._sinks.clear()
-            self._cond.notify_all()
-            if self._shared is not None:
-                self._shared.close()
-
-    def _server_options(self) -> list[tuple[str, int]]:
-        # Weights go out in big chunks; groups come in and are bounded separately (hostile input).
-        options = dict(grpc_options())
-        options["grpc.max_receive_message_length"] = self.config.max_group_bytes
-        options.update(
-            {
-                "grpc.so_reuseport": 0,  # a second learner on the same port must fail, not share it
-                # Clients ping every keepalive_time_ms even when idle; do not punish them for it.
-                "grpc.http2.min_recv_ping_interval_without_data_ms": 10_000,
-                "grpc.http2.max_ping_strikes": 0,
-                # One bound for request headers, not gRPC's default band (8-16 KiB) in which it refuses
-                # at random: a header set either fits or is refused RESOURCE_EXHAUSTED, every time.
-                "grpc.max_metadata_size": MAX_METADATA_BYTES,
-                "grpc.absolute_max_metadata_size": MAX_METADATA_BYTES,
-            }
-        )
-        return list(options.items())
+            self._groups.close()
+            self._desk.close()
 
     # ================================================================== trainer-facing API
 
     def next_batch(self, num_groups: int, timeout: float | None = None) -> list[GroupRecord]:
-        """Block until `num_groups` fresh groups are queued (or `timeout` passes / the service stops)
-        and hand them out, oldest policy version first; groups gone stale while queued are dropped
-        (STALE ack, prompt re-leased). While a group leased η versions ago is still being sampled, no
-        group is taken: it would go stale when this step publishes (learner/service/late_groups.py). The
-        groups stay 'in batch' until mark_consumed."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        batch: list[GroupRecord] = []
-        with self._cond:
-            try:
-                while True:
-                    hold_s = self._hold_for_late_groups()
-                    while not hold_s and len(batch) < num_groups and (record := self._queue.pop()) is not None:
-                        if is_stale(record.policy_version, self._latest_version, self.config.admission.max_staleness):
-                            self._drop_stale_at_dequeue(record)
-                        else:
-                            batch.append(record)
-                    if len(batch) >= num_groups or self._stopped:
-                        return batch
-                    remaining = math.inf if deadline is None else deadline - time.monotonic()
-                    if remaining <= 0:
-                        return batch
-                    wait_s = min(remaining, hold_s or math.inf)
-                    self._cond.wait(None if wait_s == math.inf else wait_s)
-            finally:
-                self._late.release(time.monotonic())
-
-    def _hold_for_late_groups(self) -> float:
-        """Seconds to hold the next step's batch back for groups leased at budget step s − η or
-        earlier (0: take groups now). The caller holds the lock."""
-        if not self._late.wait_s or not self.config.prompts_per_step:
-            return 0.0
-        late, expires_in = 0, math.inf
-        if not self._queue.full():
-            through = self._step - self.config.admission.max_staleness
-            # an actor that has loaded newer weights since drained or re-sampled its groups in flight
-            moved_on = {a.holder for a in self._registry.records() if self._budget_step(a) > through}
-            late, expires_in = self._prompts.late_leases(through, moved_on)
-        return self._late.hold(self._step, time.monotonic(), late, expires_in)
+        """Block until `num_groups` fresh groups are queued (or `timeout` passes / the service stops) and
+        hand them out, oldest policy version first (learner/service/group_desk.py: GroupDesk.next_batch)."""
+        return self._groups.next_batch(num_groups, timeout)
 
     def mark_consumed(self, group_ids: Iterable[str], *, trained: bool = True) -> None:
-        """The groups were used in a training step (or, not `trained`, retired without one, e.g. for
-        lack of signal: their lease slots go back to the budget): retire their prompts for good and
-        tell their actors (CONSUMED) so they forget them. Each id must have come from next_batch."""
-        group_ids = list(group_ids)
-        with self._cond:
-            unknown = [g for g in group_ids if self._queue.handed_out(g) is None]
-            if unknown or len(set(group_ids)) != len(group_ids):
-                raise ValueError(f"not handed out by next_batch (or repeated): {unknown or group_ids}")
-            for group_id in group_ids:
-                record = self._queue.finish(group_id)
-                self._prompts.retire(group_id, trained=trained)
-                self._accounting.add_all({"groups_consumed": 1,
-                                          "tokens_trained" if trained else "tokens_no_signal": record.tokens})
-                self._notify_actor(record.actor_id, group_id, pb.ACK_STATUS_CONSUMED, "")
-            if not trained:
-                self._announce()  # their slots are back
+        """Retire groups next_batch handed out, trained or (not `trained`) for lack of signal, and tell their
+        actors (GroupDesk.mark_consumed)."""
+        self._groups.mark_consumed(group_ids, trained=trained)
 
     def publish_weights(self, version: int, tensors: Iterable[tuple[str, np.ndarray]],
                         adapter: Mapping[str, Any] | None = None) -> None:
@@ -338,61 +241,40 @@ class LearnerService(rpc.LearnerServicer):
         Version 0 is the base itself, which no actor fetches: as an adapter it must be the zero update."""
         with self._cond:
             self._check_publishable(version)
-        if adapter is not None and version == INITIAL_VERSION:
-            tensors = list(tensors)
-            check_initial_adapter(tensors)
-        weights = pack_weights(version, tensors, self.config.weight_chunk_bytes, self.config.server.weight_digest,
-                               share=self._share if self._shared is not None else None,
-                               shared_digest=self.config.server.shared_weight_digest, adapter=adapter)
+        weights = self._desk.pack(version, tensors, adapter)
         with self._cond:
             try:
                 self._check_publishable(version)
             except ValueError:
-                self._unshare(version)
+                self._desk.discard(weights)
                 raise
-            self._weights.publish(weights)
-            if weights.shared_messages is not None:
-                self._accounting.add("weight_bytes_shared", weights.header.total_bytes)
-            self._versions.published(version)
-            self._latest_version = version
-            self._version_steps[version] = self._step
-            self._announce()  # an actor waiting for budget loads it now
-
-    def _share(self, version: int, blob: memoryview) -> str:
-        """Write `version` into shared memory; "" (stream only) when that fails, e.g. /dev/shm is full."""
-        try:
-            return self._shared.write(version, blob)
-        except OSError as error:
-            log.warning("weight version %d not shared (actors on this host stream it): %s", version, error)
-            return ""
-
-    def _unshare(self, version: int) -> None:
-        """Remove `version`'s shared-memory file, if it has one."""
-        if self._shared is not None:
-            self._shared.remove(version)
+            self._desk.publish(weights)
+            self._progress.latest_version = version
+            self._progress.version_steps[version] = self._progress.step
+            self._groups.announce()  # an actor waiting for budget loads it now
 
     def set_step(self, step: int) -> None:
         """The learner has completed `step` steps: the lease budget grows to match."""
         with self._cond:
-            if step != self._step:
+            if step != self._progress.step:
                 self._pace.stepped(time.monotonic())
-                self._step = step
-                self._announce()
+                self._progress.step = step
+                self._groups.announce()
 
     @property
     def latest_version(self) -> int:
         with self._cond:
-            return self._latest_version
+            return self._progress.latest_version
 
     def accounting(self) -> dict[str, int]:
         """All counters (see learner/service/accounting.py for the invariants they satisfy)."""
         with self._cond:
             counts = self._accounting.snapshot()
             counts.update(self._prompts.counts())
-            counts["groups_in_queue"] = self._queue.depth
-            counts["groups_in_batch"] = self._queue.in_batch
-            counts["tokens_in_queue"] = self._queue.tokens_in_queue
-            counts["tokens_in_batch"] = self._queue.tokens_in_batch
+            counts["groups_in_queue"] = self._groups.queue.depth
+            counts["groups_in_batch"] = self._groups.queue.in_batch
+            counts["tokens_in_queue"] = self._groups.queue.tokens_in_queue
+            counts["tokens_in_batch"] = self._groups.queue.tokens_in_batch
             counts["groups_stale"] = counts["groups_stale_on_arrival"] + counts["groups_stale_at_dequeue"]
             return counts
 
@@ -400,11 +282,11 @@ class LearnerService(rpc.LearnerServicer):
         """Why groups were dropped as stale in this process: counts by cause and the latest few
         (learner/service/stale_log.py)."""
         with self._cond:
-            return {**self._stale.report(), "late_group_wait": self._late.report()}
+            return {**self._groups.stale.report(), "late_group_wait": self._groups.late.report()}
 
     def queue_depth(self) -> int:
         with self._cond:
-            return self._queue.depth
+            return self._groups.queue.depth
 
     def retire(self, actor_ids: Iterable[str]) -> None:
         """The fleet replaced or removed these actors: their ids are refused from now on (Register, and
@@ -426,15 +308,15 @@ class LearnerService(rpc.LearnerServicer):
         newest, the lease slots its version still allows, and its last weight report (an actor that
         cannot load the newest version and is more than max_staleness behind gets no lease)."""
         with self._cond:
-            lines = [f"learner step {self._step}, newest version {self._latest_version}, "
+            lines = [f"learner step {self._progress.step}, newest version {self._progress.latest_version}, "
                      f"lease slots in use {self._prompts.counts()['lease_slots_in_use']}, "
-                     f"groups in queue {self._queue.depth}"]
+                     f"groups in queue {self._groups.queue.depth}"]
             for actor in self._registry.records():
                 report = actor.last_weight_report or {}
                 last = (f"v{report.get('version')} {'applied' if report.get('applied') else 'NOT applied'}"
                         f" {str(report.get('detail', ''))[:120]}".rstrip()) if report else "none"
                 lines.append(f"  {actor.actor_id}: serves v{actor.weight_version}, may lease "
-                             f"{self._prompts.allowance(self._budget_step(actor))}, "
+                             f"{self._prompts.allowance(self._groups.budget_step(actor))}, "
                              f"{'silent' if actor.stale else 'alive'}, last weight report: {last}")
         return "\n".join(lines)
 
@@ -443,12 +325,12 @@ class LearnerService(rpc.LearnerServicer):
         with self._cond:
             return {
                 "format": STATE_FORMAT,
-                "step": self._step,
-                "latest_version": self._latest_version,
+                "step": self._progress.step,
+                "latest_version": self._progress.latest_version,
                 "prompts": self._prompts.state_dict(),
                 "accounting": self._accounting.snapshot(),
-                "unconsumed_groups": self._queue.depth + self._queue.in_batch,
-                "unconsumed_tokens": self._queue.tokens_in_queue + self._queue.tokens_in_batch,
+                "unconsumed_groups": self._groups.queue.depth + self._groups.queue.in_batch,
+                "unconsumed_tokens": self._groups.queue.tokens_in_queue + self._groups.queue.tokens_in_batch,
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -463,9 +345,9 @@ class LearnerService(rpc.LearnerServicer):
             self._accounting.load(state["accounting"])
             self._accounting.add_all({"groups_forgotten_on_restart": int(state["unconsumed_groups"]),
                                       "tokens_forgotten_on_restart": int(state.get("unconsumed_tokens", 0))})
-            self._step = int(state["step"])
-            self._latest_version = int(state["latest_version"])
-            self._versions.restored(self._latest_version)
+            self._progress.step = int(state["step"])
+            self._progress.latest_version = int(state["latest_version"])
+            self._desk.versions.restored(self._progress.latest_version)
 
     # ================================================================== RPCs
 
@@ -476,17 +358,19 @@ class LearnerService(rpc.LearnerServicer):
         version = request_checks.served_version(request.weight_version)
         with self._cond:
             self._enrollment.admit(actor_id, _header(context, ENROLLMENT_METADATA_KEY))
-            registration = self._registry.register(actor_id, capabilities, self._versions.served(version),
+            registration = self._registry.register(actor_id, capabilities, self._desk.versions.served(version),
                                                    _header(context, CREDENTIAL_METADATA_KEY))
             if registration.superseded_seen_s is not None:
                 self._accounting.add("actors_superseded")
-                self._warn_throttled("actor %r registered again without its credential; its previous "
-                                     "registration (heard from %.1f s ago) is revoked: a restarted actor, or a "
-                                     "client claiming its id", actor_id, registration.superseded_seen_s)
+                # at most one warning per interval (a hostile client must not flood the log; the counter counts all)
+                log.log(logging.WARNING if self._reregister_log.allow(None) else logging.DEBUG,
+                        "actor %r registered again without its credential; its previous registration (heard from "
+                        "%.1f s ago) is revoked: a restarted actor, or a client claiming its id", actor_id,
+                        registration.superseded_seen_s)
             return pb.RegisterReply(
-                latest_version=self._latest_version,
+                latest_version=self._progress.latest_version,
                 heartbeat_interval_ms=int(self.config.admission.heartbeat_interval_s * 1000),
-                credits=self._credits(actor_id),
+                credits=self._groups.credits(actor_id),
                 max_staleness=self.config.admission.max_staleness,
                 credential=registration.credential,
             )
@@ -497,10 +381,10 @@ class LearnerService(rpc.LearnerServicer):
         version, in_flight, tokens_per_second, shares = request_checks.heartbeat(request)
         with self._cond:
             actor = self._caller(context, actor_id)
-            actor.weight_version = self._versions.served(version)
+            actor.weight_version = self._desk.versions.served(version)
             actor.groups_in_flight, actor.tokens_per_second = in_flight, tokens_per_second
             actor.time_shares = shares
-            return pb.HeartbeatReply(latest_version=self._latest_version)
+            return pb.HeartbeatReply(latest_version=self._progress.latest_version)
 
     @served
     def LeasePrompts(
@@ -511,17 +395,17 @@ class LearnerService(rpc.LearnerServicer):
         with self._cond:
             actor = self._caller(context, actor_id)
             report = actor.last_weight_report or {}
-            refused_newest = report.get("version") == self._latest_version and not report.get("applied")
-            ask = LeaseAsk(max_prompts, self._step, self._budget_step(actor), self.config.admission.max_staleness,
-                           refused_newest)
+            refused_newest = report.get("version") == self._progress.latest_version and not report.get("applied")
+            ask = LeaseAsk(max_prompts, self._progress.step, self._groups.budget_step(actor),
+                           self.config.admission.max_staleness, refused_newest)
             leased = self._prompts.lease(actor.holder, max_prompts, self.config.admission.lease_seconds,
                                          ask.budget_step) if may_lease(ask) else []
             exhausted = self._prompts.exhausted()
             decision = decide_lease(ask, LeaseOutcome(
                 granted=len(leased), exhausted=exhausted, allowance=self._prompts.allowance(ask.budget_step),
-                allowance_now=self._prompts.allowance(self._step),
+                allowance_now=self._prompts.allowance(self._progress.step),
                 step_due_in_s=self._pace.retry_after(time.monotonic())))
-            latest_version = self._latest_version
+            latest_version = self._progress.latest_version
         return pb.LeasePromptsReply(
             prompts=[
                 pb.Prompt(group_id=p.group_id, token_ids=p.prompt_ids, text=p.text, metadata=p.metadata)
@@ -544,33 +428,23 @@ class LearnerService(rpc.LearnerServicer):
         what = f"group stream of {actor_id!r}"
         with self._group_streams.hold(actor_id), self._reaper.watch(what, context.cancel) as progress:
             stream = GroupStream(actor_id, progress)
-            admit = functools.partial(self._admit, actor_id, incarnation)
-            yield from stream.serve(request_iterator, context, admit, self._stream_ended)
+            admit = functools.partial(self._groups.admit, actor_id, incarnation)
+            yield from stream.serve(request_iterator, context, admit, self._groups.stream_ended)
 
     @served
     def FetchWeights(self, request: pb.FetchWeightsRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         actor_id = request_checks.caller(_decoded(request))
         version = check_int("version", request.version, 0)
-        domain = check_text("shared_memory_domain", request.shared_memory_domain, MAX_LABEL_CHARS)
-        relay_address = request_checks.relay_address(request.relay_address)
+        fetch = self._desk.fetch(actor_id, request, _header(context, OFFERS_METADATA_KEY))
         what = f"weight stream of {actor_id!r}"
         with self._weight_streams.hold(self._vouched_for(request, context)), \
-                self._reaper.watch(what, context.cancel) as progress:
-            try:
-                weights = self._weights.acquire(version)
-            except KeyError as error:
-                raise WeightsNotHeld(error.args[0]) from None
-            try:  # serialised once at publish time
-                transport, messages = self._transports.answer(
-                    weights, Fetch(actor_id, domain, relay_address, request.accept_peer))
-                if transport is RELAY:
-                    self._accounting.add("weight_fetches_relayed", 1)
-                for message in messages:
-                    yield message
-                    self._accounting.add("weight_bytes_streamed", len(message))
-                    progress.touch()
-            finally:
-                self._weights.release(weights)
+                self._reaper.watch(what, context.cancel) as progress, \
+                self._desk.answer(version, fetch) as (transport, messages):  # serialised once at publish time
+            context.send_initial_metadata(((ANSWER_METADATA_KEY, transport.source),))
+            for message in messages:
+                yield message
+                self._accounting.add("weight_bytes_streamed", len(message))
+                progress.touch()
 
     @served
     def ReportWeights(self, request: pb.WeightReport, context: grpc.ServicerContext) -> pb.WeightReportReply:
@@ -578,7 +452,7 @@ class LearnerService(rpc.LearnerServicer):
         report = request_checks.weight_report(request)
         with self._cond:
             actor = self._caller(context, actor_id)
-            self._versions.check_reported(request.version)
+            self._desk.versions.check_reported(request.version)
             actor.last_weight_report = report
             if request.applied:
                 actor.weight_version = request.version
@@ -594,10 +468,10 @@ class LearnerService(rpc.LearnerServicer):
         counts = self.accounting()
         with self._cond:
             return pb.StatusReply(
-                step=self._step,
-                weight_version=self._latest_version,
-                queue_depth=self._queue.depth,
-                queue_capacity=self._queue.capacity,
+                step=self._progress.step,
+                weight_version=self._progress.latest_version,
+                queue_depth=self._groups.queue.depth,
+                queue_capacity=self._groups.queue.capacity,
                 actors=[
                     pb.ActorStatus(
                         actor_id=a.actor_id,
@@ -614,10 +488,6 @@ class LearnerService(rpc.LearnerServicer):
                 ),
                 mode=self.config.mode,
             )
-
-    def _budget_step(self, actor: ActorRecord) -> int:
-        """`actor`'s budget step (learner/service/pacing.py) from the versions this learner published."""
-        return budget_step(self._step, actor.weight_version, self._version_steps)
 
     def _vouched_for(self, request: Any, context: grpc.ServicerContext) -> str | None:
         """The actor id the call names when the call proves it may speak for it: a credential this learner
@@ -641,12 +511,6 @@ class LearnerService(rpc.LearnerServicer):
         if isinstance(request, pb.StatusRequest):
             return contextlib.nullcontext()
         return self._unary_calls.hold(self._vouched_for(request, context))
-
-    def _workers(self) -> int:
-        """The server's thread pool: every long call's cap plus the unary, unverified and Status workers."""
-        cfg = self.config
-        return (cfg.max_streams + cfg.max_weight_streams + cfg.unary_workers + cfg.unverified_unary_calls
-                + cfg.status_workers)
 
     def _caller(self, context: grpc.ServicerContext, actor_id: str) -> ActorRecord:
         """The registered actor the call's credential names, which must be `actor_id`; heard from now."""
@@ -676,138 +540,40 @@ class LearnerService(rpc.LearnerServicer):
         self._accounting.add("internal_errors")
         context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}")
 
-    def _warn_throttled(self, message: str, *args: object) -> None:
-        """Log at WARNING at most once per WARNING_INTERVAL_S (a hostile client must not flood the
-        log; the counters count every case), else at DEBUG."""
-        now = time.monotonic()
-        level = logging.WARNING if now - self._warned_at >= WARNING_INTERVAL_S else logging.DEBUG
-        if level == logging.WARNING:
-            self._warned_at = now
-        log.log(level, message, *args)
-
     def _reaped(self, what: str) -> None:
         log.info("cancelled the %s: no progress for %.0f s", what, self.config.stream_idle_timeout_s)
         self._accounting.add("streams_idle_closed")
 
-    # ================================================================== group admission
-
-    def _admit(self, actor_id: str, incarnation: int, msg: pb.ScoredGroup | Undecodable,
-               stream: GroupStream) -> pb.GroupAck:
-        """Decide one group's fate (learner/service/admission.py) and apply it. Raises CredentialRefused when
-        the stream's registration ended; any other exception becomes a counted INVALID."""
-        with self._cond:
-            sender = self._sender(self._registry.current(actor_id, incarnation))
-            limits = self._rules().limits
-        try:
-            outcome = examine(msg, sender, limits)
-            with self._cond:
-                decision = outcome if isinstance(outcome, Decision) else self._decide(outcome, sender)
-                return self._settle(decision, sender, msg, stream)
-        except Exception as error:  # never let one message take the stream down; count it
-            log.warning("unexpected error admitting a group from %r", sender.actor_id, exc_info=error)
-            with self._cond:
-                return self._settle(internal_error(error), sender, msg, stream)
-
-    def _decide(self, record: GroupRecord, sender: Sender) -> Decision:
-        group_id = record.group_id
-        state = self._prompts.state(group_id)
-        if state is PromptState.OUTSTANDING:
-            facts = PromptFacts(state, self._prompts.prompt(group_id).prompt_ids, self._prompts.lease_info(group_id))
-        else:
-            facts = PromptFacts(state)
-        return decide(record, sender, facts, self._rules(), self._queue.full())
-
-    def _settle(self, decision: Decision, sender: Sender, msg: pb.ScoredGroup | Undecodable,
-                stream: GroupStream) -> pb.GroupAck:
-        """Apply a decision's effect, add its counters (together, under the lock) and encode its ack."""
-        group_id = "" if isinstance(msg, Undecodable) else msg.group_id
-        if decision.effect is Effect.QUEUE:
-            self._queue.put(decision.record)
-            self._prompts.hold(group_id)
-            self._sinks[sender.actor_id] = stream
-            self._cond.notify_all()
-        elif decision.effect is Effect.RETIRE:
-            self._prompts.retire(group_id, trained=False)
-            self._announce()  # its slot is back
-        elif decision.effect is Effect.RELEASE:
-            self._prompts.release(group_id, holder=sender.holder)
-            self._announce()
-        if decision.status == pb.ACK_STATUS_STALE:
-            self._record_stale(group_id, sender.actor_id, msg.policy_version, in_queue=False)
-        tokens = 0 if isinstance(msg, Undecodable) else sum(len(c.token_ids) for c in msg.completions)
-        self._accounting.add_all(with_tokens(decision.counters, tokens))
-        return self._ack(sender.actor_id, group_id, decision.status, decision.detail)
-
-    def _sender(self, actor: ActorRecord) -> Sender:
-        caps = actor.capabilities
-        return Sender(actor.actor_id, actor.holder, caps.max_model_len, caps.max_prompt_tokens)
-
-    def _stream_ended(self, stream: GroupStream) -> None:
-        with self._cond:
-            if self._sinks.get(stream.actor_id) is stream:
-                del self._sinks[stream.actor_id]
-
-    def _announce(self) -> None:
-        """An ack with no group on every open group stream: the newest version and the actor's credits.
-        Sent when a version is published and when the lease budget grows (a step, slots given back),
-        so that an actor waiting for prompts asks again now, not at its retry hint."""
-        for actor_id, stream in self._sinks.items():
-            stream.offer(pb.GroupAck(credits=self._credits(actor_id), latest_version=self._latest_version))
-
-    def _drop_stale_at_dequeue(self, record: GroupRecord) -> None:
-        self._queue.finish(record.group_id)
-        self._prompts.release(record.group_id)
-        self._announce()
-        self._accounting.add_all({"groups_stale_at_dequeue": 1, "tokens_stale_at_dequeue": record.tokens})
-        self._record_stale(record.group_id, record.actor_id, record.policy_version, in_queue=True)
-        self._notify_actor(
-            record.actor_id,
-            record.group_id,
-            pb.ACK_STATUS_STALE,
-            f"stale at dequeue: policy_version {record.policy_version}, latest {self._latest_version}",
-        )
-
-    def _record_stale(self, group_id: str, actor_id: str, policy_version: int, *, in_queue: bool) -> None:
-        first_published = next(iter(self._version_steps), None)
-        cause = self._stale.record(in_queue=in_queue, group_id=group_id, actor_id=actor_id,
-                                   policy_version=policy_version, latest_version=self._latest_version,
-                                   first_published=first_published)
-        log.debug("group %.64s from %.64s stale (%s)", group_id, actor_id, cause)
-
-    def _notify_actor(self, actor_id: str, group_id: str, status: int, detail: str) -> None:
-        """A later ack (CONSUMED / STALE) on the actor's current stream, if it is connected; if not,
-        the actor re-sends the group after reconnecting and learns its fate then."""
-        stream = self._sinks.get(actor_id)
-        if stream is not None:
-            stream.offer(self._ack(actor_id, group_id, status, detail))
-
-    def _ack(self, actor_id: str, group_id: str, status: int, detail: str) -> pb.GroupAck:
-        """An ack; it echoes at most MAX_ID_CHARS of the id and MAX_ACK_DETAIL_CHARS of the detail.
-        Each refusal's detail goes to the debug log only: the console shows the counters."""
-        if status not in (pb.ACK_STATUS_QUEUED, pb.ACK_STATUS_CONSUMED):
-            log.debug("group %.64s from %.64s: %s: %.256s", group_id, actor_id, pb.AckStatus.Name(status), detail)
-        return pb.GroupAck(
-            group_id=group_id[:MAX_ID_CHARS],
-            status=status,
-            detail=detail[:MAX_ACK_DETAIL_CHARS],
-            credits=self._credits(actor_id),
-            latest_version=self._latest_version,
-        )
-
-    def _credits(self, actor_id: str) -> int:
-        return self._queue.credits(actor_id, self._registry.live_count())
-
-    def _rules(self) -> Rules:
-        """The admission rules under the latest version (rebuilt only when it changes)."""
-        if self._rules_cache.limits.latest_version != self._latest_version:
-            limits = dataclasses.replace(self._rules_cache.limits, latest_version=self._latest_version)
-            self._rules_cache = Rules(limits, self.config.admission.max_staleness)
-        return self._rules_cache
-
     def _check_publishable(self, version: int) -> None:
-        held = self._weights.latest_version
-        if version < self._latest_version or (held is not None and version <= held):
-            raise ValueError(f"weight version {version} must be newer than {self._latest_version}")
+        held = self._desk.latest_version
+        if version < self._progress.latest_version or (held is not None and version <= held):
+            raise ValueError(f"weight version {version} must be newer than {self._progress.latest_version}")
+
+
+def server_options(config: ServiceConfig) -> list[tuple[str, int]]:
+    """The gRPC server's options for `config`."""
+    # Weights go out in big chunks; groups come in and are bounded separately (hostile input).
+    options = dict(grpc_options())
+    options["grpc.max_receive_message_length"] = config.max_group_bytes
+    options.update(
+        {
+            "grpc.so_reuseport": 0,  # a second learner on the same port must fail, not share it
+            # Clients ping every keepalive_time_ms even when idle; do not punish them for it.
+            "grpc.http2.min_recv_ping_interval_without_data_ms": 10_000,
+            "grpc.http2.max_ping_strikes": 0,
+            # One bound for request headers, not gRPC's default band (8-16 KiB) in which it refuses
+            # at random: a header set either fits or is refused RESOURCE_EXHAUSTED, every time.
+            "grpc.max_metadata_size": MAX_METADATA_BYTES,
+            "grpc.absolute_max_metadata_size": MAX_METADATA_BYTES,
+        }
+    )
+    return list(options.items())
+
+
+def workers(cfg: ServiceConfig) -> int:
+    """The server's thread pool: every long call's cap plus the unary, unverified and Status workers."""
+    return (cfg.max_streams + cfg.max_weight_streams + cfg.unary_workers + cfg.unverified_unary_calls
+            + cfg.status_workers)
 
 
 def _decoded(request: Any) -> Any:

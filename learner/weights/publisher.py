@@ -7,24 +7,23 @@ kind (full weights, or LoRA adapters with their adapter config), with the digest
 tandem_wire.weights.digest, named in the header: blake3 unless the server's config says sha256).
 The whole FetchWeights stream of a version (header, chunks, commit) is serialised once, at
 publish time, so serving it to each actor copies nothing in Python; the blob itself is not kept in
-the process. With a `share` writer (learner/weights/shared_memory.py) the blob is also written once into
-shared memory, and a second, tiny stream (header, SharedWeights, commit) serves same-host actors;
-the SharedWeights carries the file's own digest (xxh3_128 by default: tandem_wire.weights.digest says why).
-The newest version is kept, and an older one only while a stream still reads it.
+the process: what another transport needs of the bytes it keeps while they are there (`keep`, e.g. the
+shared-memory transport writes them once into /dev/shm, learner/weights/shared_memory.py), under its name
+in `extra`. The newest version is kept, and an older one only while a stream still reads it.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from tandem_wire import pb
 from tandem_wire.weights.chunks import WEIGHT_CHUNK_BYTES, encode_chunk
-from tandem_wire.weights.digest import DEFAULT_DIGEST, DEFAULT_SHARED_DIGEST, hexdigest
+from tandem_wire.weights.digest import DEFAULT_DIGEST, hexdigest
 from tandem_wire.weights.manifest import ADAPTER, ALIGNMENT, FULL, WIRE_DTYPES, adapter_config_json
 
 
@@ -34,19 +33,19 @@ class WeightBlob:
     header: pb.WeightHeader
     checksum: str  # hex digest of the blob, of the kind header.checksum_algorithm names
     messages: tuple[bytes, ...]  # the serialised stream: WeightMessage header, chunks, commit
-    shared_messages: tuple[bytes, ...] | None = None  # header, SharedWeights, commit; None = not shared
+    extra: Mapping[str, tuple[bytes, ...]] = field(default_factory=dict)
+    """another transport's own stream of this version, by its name (tandem_wire/weights/transports.py)"""
 
 
 def pack_weights(
     version: int, tensors: Iterable[tuple[str, np.ndarray]], chunk_bytes: int = WEIGHT_CHUNK_BYTES,
-    digest: str = DEFAULT_DIGEST, share: Callable[[int, memoryview], str] | None = None,
-    shared_digest: str = DEFAULT_SHARED_DIGEST, adapter: Mapping[str, Any] | None = None,
+    digest: str = DEFAULT_DIGEST, keep: Iterable[Callable[[WeightBlob, memoryview], WeightBlob]] = (),
+    adapter: Mapping[str, Any] | None = None,
 ) -> WeightBlob:
     """Serialise named tensors (float32, bfloat16 or float16) into one aligned blob with its `digest`
-    (a tandem_wire.weights.digest kind), cut into the serialised messages of its stream; `share(version,
-    blob)`, when given, writes the blob into shared memory and returns the path same-host actors read (""
-    when it could not: the version is then streamed only); the shared file is named with its own
-    `shared_digest`. `adapter`: the tensors are LoRA adapters and this their adapter_config.json
+    (a tandem_wire.weights.digest kind), cut into the serialised messages of its stream; each of `keep`
+    (a transport's LearnerHalf.packed) then sees the packed version and its blob, and returns it with what
+    it keeps of the bytes. `adapter`: the tensors are LoRA adapters and this their adapter_config.json
     (models.peft.adapter_config), carried in the header (an ADAPTER version); None: full weights."""
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
@@ -85,14 +84,10 @@ def pack_weights(
     ).SerializeToString()
     chunks = [encode_chunk(version, start, view[start : start + chunk_bytes])
               for start in range(0, len(blob), chunk_bytes)]
-    shared = None
-    path = share(version, view) if share is not None else ""
-    if path:
-        file_checksum = checksum if shared_digest == digest else hexdigest(shared_digest, blob)
-        location = pb.SharedWeights(version=version, path=path, total_bytes=len(blob),
-                                    checksum_algorithm=shared_digest, checksum=file_checksum)
-        shared = (head, pb.WeightMessage(shared=location).SerializeToString(), commit)
-    return WeightBlob(version, header, checksum, (head, *chunks, commit), shared)
+    weights = WeightBlob(version, header, checksum, (head, *chunks, commit))
+    for packed in keep:
+        weights = packed(weights, view)
+    return weights
 
 
 class WeightPublisher:
