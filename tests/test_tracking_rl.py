@@ -1,8 +1,9 @@
-"""An RL job (launch's rl mode: real learner, gRPC, a vLLM actor on Ray, the reward pool) with
-`logging.wandb.mode=offline` and `logging.trackio.enabled`: W&B's offline run and trackio's local store
-hold every step's metrics as metrics.jsonl has them (the learner's loss and reward, the actors' tok/s
-and time shares, staleness), the resolved config without the token, and curves.png at the last step.
-The trackers alone, a tracker that cannot start or hangs: tests/test_tracking.py."""
+"""Runs through launch's modes with trackers on. An RL job (real learner, gRPC, a vLLM actor on Ray, the
+reward pool) with `logging.wandb.mode=offline` and `logging.trackio.enabled`: W&B's offline run and
+trackio's local store hold every step's metrics as metrics.jsonl has them (the learner's loss and reward,
+the actors' tok/s and time shares, staleness), the resolved config without the token, and curves.png at
+the last step. A pretraining run whose W&B cannot start (online, no API key): it finishes, with a
+warning. The trackers alone, one that breaks or hangs: tests/test_tracking.py."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import json
 import math
 
 import pytest
-from reliability_helpers import read_steps, tiny_run
+from reliability_helpers import TINY_MODEL, read_steps, tiny_run
 from tracking_helpers import trackio_config, trackio_history, wandb_config, wandb_history, wandb_offline_run
 
-from launch.run import close_debug_log
+from launch.config import load_config
+from launch.run import close_debug_log, prepare
 from launch.stages import run_mode
 
-pytestmark = pytest.mark.slow  # Ray, a vLLM actor
+pytestmark = pytest.mark.slow  # Ray, a vLLM actor; a pretraining run
 
 STEPS = 3
 PROJECT = "tandem-rl-test"
@@ -76,3 +78,25 @@ def test_trackio_store_holds_every_step_the_config_and_the_curves(job):
     check_steps(history, records)
     assert trackio_config(PROJECT, run.run_dir.name)["train"]["steps"] == STEPS
     assert history[STEPS]["curves"]["_type"] == "trackio.image"
+
+
+def test_a_run_whose_wandb_cannot_start_finishes_with_a_warning(tmp_path, monkeypatch):
+    """W&B online with no API key: its init raises (W&B's own UsageError, at once); the run trains every
+    step, writes its summary, and says why W&B is missing. The server address is a closed loopback port,
+    so nothing leaves the machine even where a key is configured."""
+    for name, value in {"WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"), "NETRC": str(tmp_path / "no.netrc"),
+                        "WANDB_BASE_URL": "http://127.0.0.1:9"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    data = tmp_path / "text.jsonl"
+    data.write_text("".join(json.dumps({"text": f"{a}+{a}={2 * a}"}) + "\n" for a in range(10, 60)))
+    run = prepare(load_config(None, [f"run_dir={tmp_path / 'pretrain'}", f"data.train={data}", "mesh.fsdp=1",
+                                     *TINY_MODEL, "data.seq_len=16", "train.batch_size=4", f"train.steps={STEPS}",
+                                     f"train.checkpoint_every={STEPS}", "logging.wandb.mode=online"]), "pretrain")
+    try:
+        summary = run_mode(run, "pretrain")
+    finally:
+        close_debug_log()
+    assert summary["steps"] == STEPS and (run.run_dir / "summary.json").is_file()
+    assert [r["step"] for r in read_steps(run.run_dir / "tb" / "metrics.jsonl")] == list(range(1, STEPS + 1))
+    assert "tracker wandb could not start (UsageError: " in (run.run_dir / "debug.log").read_text()
