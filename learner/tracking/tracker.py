@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,23 @@ class Tracker(Protocol):
     def image(self, step: int, name: str, path: Path) -> None: ...
 
     def close(self) -> None: ...
+
+
+class ClientRun:
+    """A Tracker over a tracker client's run object of the shape W&B's and trackio's share:
+    `run.log(values, step=)`, `run.finish()`, and an image type made from a file's path."""
+
+    def __init__(self, run: Any, image_type: Callable[[str], Any]):
+        self._run, self._image_type = run, image_type
+
+    def log(self, step: int, scalars: Mapping[str, float]) -> None:
+        self._run.log(dict(scalars), step=step)
+
+    def image(self, step: int, name: str, path: Path) -> None:
+        self._run.log({name: self._image_type(str(path))}, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
 
 
 Call = Callable[[Tracker], None]

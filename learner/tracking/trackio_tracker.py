@@ -5,12 +5,12 @@ $HF_HOME/trackio; `trackio show` opens its dashboard). Install with `pip install
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
 from learner.schema import Section
+from learner.tracking.tracker import ClientRun
 
 
 class TrackioSettings(Section):
@@ -23,11 +23,8 @@ class TrackioSettings(Section):
     group: str | None = Field(None, description="trackio group, e.g. one for the demo's stages")
 
 
-class TrackioTracker:
+class TrackioTracker(ClientRun):
     """A started trackio run (`start` makes one; call it on the tracker's own thread)."""
-
-    def __init__(self, run: Any):
-        self._run = run
 
     @classmethod
     def start(cls, settings: TrackioSettings, *, name: str, config: Mapping[str, Any]) -> TrackioTracker:
@@ -35,15 +32,5 @@ class TrackioTracker:
 
         # embed=False: no dashboard server; auto_log_*: no system-metrics threads of trackio's own
         return cls(trackio.init(project=settings.project, name=settings.name or name, group=settings.group,
-                                config=dict(config), embed=False, auto_log_cpu=False, auto_log_gpu=False))
-
-    def log(self, step: int, scalars: Mapping[str, float]) -> None:
-        self._run.log(dict(scalars), step=step)
-
-    def image(self, step: int, name: str, path: Path) -> None:
-        import trackio
-
-        self._run.log({name: trackio.Image(str(path))}, step=step)
-
-    def close(self) -> None:
-        self._run.finish()
+                                config=dict(config), embed=False, auto_log_cpu=False, auto_log_gpu=False),
+                   trackio.Image)

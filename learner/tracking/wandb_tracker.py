@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from learner.schema import Section
+from learner.tracking.tracker import ClientRun
 
 
 class WandbSettings(Section):
@@ -27,11 +28,8 @@ class WandbSettings(Section):
     dir: str | None = Field(None, description="where W&B writes its files (default: run_dir; they go in wandb/)")
 
 
-class WandbTracker:
+class WandbTracker(ClientRun):
     """A started W&B run (`start` makes one; call it on the tracker's own thread)."""
-
-    def __init__(self, run: Any):
-        self._run = run
 
     @classmethod
     def start(cls, settings: WandbSettings, *, name: str, config: Mapping[str, Any], run_dir: Path) -> WandbTracker:
@@ -42,20 +40,12 @@ class WandbTracker:
         return cls(wandb.init(
             project=settings.project, entity=settings.entity, name=settings.name or name, group=settings.group,
             tags=settings.tags or None, config=dict(config), mode=settings.mode, dir=settings.dir or str(run_dir),
-            settings=wandb.Settings(console="off", silent=True)))
-
-    def log(self, step: int, scalars: Mapping[str, float]) -> None:
-        self._run.log(dict(scalars), step=step)
-
-    def image(self, step: int, name: str, path: Path) -> None:
-        import wandb
-
-        self._run.log({name: wandb.Image(str(path))}, step=step)
+            settings=wandb.Settings(console="off", silent=True)), wandb.Image)
 
     def close(self) -> None:
         import wandb
 
-        self._run.finish()
+        super().close()
         # finish() returns before W&B's service has written the run's files: read right after it, an offline
         # run-<id>.wandb held no record yet (3 tries of 6 here). teardown() waits for the service to stop.
         wandb.teardown()
