@@ -12,7 +12,8 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.tandem-installed
 CONSTRAINTS_FILE := $(if $(filter gpu,$(ACCEL)),constraints-gpu.txt,constraints.txt)
 COMMA := ,
-EXTRAS := $(if $(filter gpu,$(ACCEL)),dev$(COMMA)gpu,dev)
+# trackers: W&B (docs/tracking.md), so that CI runs the trackers' tests on CPU too
+EXTRAS := $(if $(filter gpu,$(ACCEL)),dev$(COMMA)gpu$(COMMA)trackers,dev$(COMMA)trackers)
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 

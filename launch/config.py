@@ -6,7 +6,8 @@ held-out evaluator); what exists only at run time (the model's vocab size, the m
 argument. Sections that belong to one role are that role's own types, declared in light modules
 and handed to it whole: `train` (learner.schema.TrainConfig, read by the RL loop), `server`
 (learner.schema.ServerConfig, read by the service), `algo`, `optim`, `mesh`, `distributed` (learner.schema),
-`train.guard` (learner.guard), `rollout.restart` (actors.config), `rewards` (rewards.spec). A new
+`train.guard` (learner.guard), `rollout.restart` (actors.config), `rewards` (rewards.spec), `logging`
+(learner.tracking.config, the experiment trackers). A new
 option there is one field in its section plus its use. The `rollout` section is shared: its class
 extends the actors' (actors.config.EngineSettings, picked by name into each ActorConfig) and the
 service's (learner.schema.AdmissionSettings, handed to it whole), so a new option there, too, is one
@@ -47,6 +48,7 @@ from learner.schema import (
     ServiceConfig,
     TrainConfig,
 )
+from learner.tracking.config import LoggingConfig
 from models.peft import LoraConfig
 from rewards.spec import RewardSpec, WeightedReward
 from rewards.tools import template_tools
@@ -171,6 +173,7 @@ class TandemConfig(Section):
     rollout: RolloutConfig = Field(RolloutConfig(), description="actors, admission and the fleet (rl)")
     rewards: RewardsConfig = Field(RewardsConfig(), description="reward functions and workers (rl, eval)")
     server: ServerConfig = Field(ServerConfig(), description=ServerConfig.__doc__)
+    logging: LoggingConfig = Field(LoggingConfig(), description=LoggingConfig.__doc__)
 
     @model_validator(mode="after")
     def _derived_defaults(self) -> TandemConfig:

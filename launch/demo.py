@@ -19,6 +19,10 @@ stage's run dir gets curves.png; the demo's run dir gets demo.png and demo_resul
     python launch/demo.py --quick              # a few steps per stage: checks the plumbing only
     python launch/demo.py rl.train.steps=200   # per-stage overrides: <stage>.<key>=<value>
     python launch/demo.py rl.model.lora.rank=16 rl.optim.learning_rate=3e-3   # RL with LoRA (docs/lora.md)
+    python launch/demo.py logging.wandb.mode=offline   # logging.* overrides go to every stage (docs/tracking.md)
+
+With a tracker on (`logging`), each stage is a run of its own and the demo's run (named after its run
+dir) gets each stage's held-out scores and demo.png.
 """
 
 import argparse
@@ -37,8 +41,10 @@ from launch.evaluation import evaluate_dir  # noqa: E402
 from launch.plots import plot_demo  # noqa: E402
 from launch.run import MODES, Run, prepare, setup_process  # noqa: E402
 from launch.stages import run_mode  # noqa: E402
+from launch.tracking import report_demo  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
+EVERY_STAGE = "logging."  # overrides with this prefix (the experiment trackers) go to every stage
 QUICK = {  # enough to exercise every stage, not to learn
     "pretrain": ["train.steps=20", "optim.warmup_steps=2", "data.eval_examples=32"],
     "sft": ["train.steps=5", "train.eval_every=5", "data.eval_examples=32"],
@@ -54,7 +60,8 @@ def stage_overrides(args: argparse.Namespace, stage: str, previous_hf: str | Non
     if args.quick:
         overrides += QUICK[stage]
     prefix = f"{stage}."
-    return overrides + [o[len(prefix):] for o in args.overrides if o.startswith(prefix)]
+    return overrides + [o[len(prefix):] if o.startswith(prefix) else o for o in args.overrides
+                        if o.startswith((prefix, EVERY_STAGE))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,12 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", default="runs/demo", help="where every stage writes (wiped first)")
     parser.add_argument("--quick", action="store_true", help="a few steps per stage (plumbing check)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every stage (data, weights, sampling)")
-    parser.add_argument("overrides", nargs="*", help="<stage>.<key>=<value>, stage in pretrain|sft|rl")
+    parser.add_argument("overrides", nargs="*", help="<stage>.<key>=<value>, stage in pretrain|sft|rl; "
+                                                     "logging.<key>=<value> for every stage")
     args = parser.parse_args(argv)
     setup_process()
-    unknown = [o for o in args.overrides if o.split(".", 1)[0] not in MODES]
+    unknown = [o for o in args.overrides if o.split(".", 1)[0] not in MODES and not o.startswith(EVERY_STAGE)]
     if unknown:
-        parser.error(f"overrides must start with a stage name {MODES}: {unknown}")
+        parser.error(f"overrides must start with a stage name {MODES} or {EVERY_STAGE!r}: {unknown}")
     shutil.rmtree(args.run_dir, ignore_errors=True)  # the demo always starts from scratch
 
     results, previous_hf = {}, None
@@ -93,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     figure = plot_demo({stage: Path(args.run_dir) / stage for stage in MODES}, results,
                        Path(args.run_dir) / "demo.png")
     print(f"curves: {figure} and {args.run_dir}/<stage>/curves.png")
+    report_demo(config.logging, Path(args.run_dir).absolute(), results, figure)
     return 0
 
 

@@ -3,7 +3,8 @@ actors and reward workers on Ray, a fleet supervisor, the metrics writer and the
 
 One ExitStack owns everything the run starts, so all of it is stopped on every path (a finished run,
 an exception, Ctrl-C), in reverse order of starting: evaluator, supervisor, rollout side, service,
-checkpointer, metrics writer, and the local Ray cluster if this run started it.
+checkpointer, and the local Ray cluster if this run started it. The metrics writer (and the experiment
+trackers behind it) outlives them: it hands the trackers the final evaluation and curves.png last.
 
 The actors and reward workers are detached (launch/rollout_side.py): if this driver dies without
 running its exits (SIGKILL), a restarted one resumes from the last checkpoint and re-attaches to them.
@@ -29,6 +30,7 @@ from launch.prompts import chat_prompt_rows
 from launch.rollout_side import fleet_enrollment_key, open_rollout_side
 from launch.run import Run
 from launch.supervisor import FleetSupervisor
+from launch.tracking import metrics_writer, report_end
 from launch.trainer import build_trainer, export_final
 from learner.checkpoint import Checkpointer
 from learner.mesh import is_leader
@@ -117,15 +119,22 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
     hf_final (and adapter_final with LoRA) and evaluate hf_final; returns the summary (accounting, evals,
     actor, reward and supervisor stats, guard events, where it finished early). Multi-host, process 0
     runs all of this and the other processes `run_rl_follower`."""
-    config = run.config
     tokenizer = AutoTokenizer.from_pretrained(run.model_dir)
     if not is_leader():
         return run_rl_follower(run, tokenizer)
+    with metrics_writer(run) as writer:  # open until the trackers have the final evaluation and curves.png
+        summary = run_rl_leader(run, tokenizer, writer)
+        report_end(writer, summary["steps"], summary, plot_run(run.run_dir, title=f"rl: {run.run_dir.name}"))
+    return summary
+
+
+def run_rl_leader(run: Run, tokenizer, writer: MetricsWriter) -> dict[str, Any]:
+    """run_rl_mode on process 0: train, export, evaluate hf_final, write summary.json; returns the summary."""
+    config = run.config
     evals: dict[int, dict[str, float]] = {}
     with ExitStack() as stack:
         if ray_cluster.connect(config.ray_address):
             stack.callback(ray.shutdown)
-        writer = stack.enter_context(MetricsWriter(run.run_dir / "tb"))
         # a restarted driver's learner takes the key of the fleet it re-attaches to; else a fresh one
         enrollment_key = fleet_enrollment_key(run) or enrollment.new_key()
         loop = build_rl_learner(run, tokenizer, writer, enrollment_key)
@@ -173,6 +182,5 @@ def run_rl_mode(run: Run) -> dict[str, Any]:
     if (scores := evaluate_dir(run, tokenizer, hf_dir)) is not None:
         summary["eval"] = scores
     run.write_summary(summary)
-    plot_run(run.run_dir, title=f"rl: {run.run_dir.name}")
     return summary
 

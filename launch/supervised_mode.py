@@ -14,6 +14,7 @@ from launch.console import Progress
 from launch.evaluation import evaluate_dir, make_evaluator, periodic_evals
 from launch.plots import plot_run
 from launch.run import Mode, Run
+from launch.tracking import metrics_writer, report_end
 from launch.trainer import build_trainer, export_final
 from learner.algo.train_step import Trainer
 from learner.chat_format import ChatFormat
@@ -27,7 +28,18 @@ from learner.supervised_loop import run_supervised
 def run_supervised_mode(run: Run, mode: Mode) -> dict[str, Any]:
     """Train `train.steps` steps (resuming from the newest checkpoint), export hf_final (and adapter_final with
     LoRA), evaluate hf_final; returns the summary (with train.eval_every: every evaluation; with
-    train.handoff: the step chosen)."""
+    train.handoff: the step chosen). Multi-host, every process trains on the same global batch and
+    process 0 reports (metrics, trackers, evaluation, summary.json)."""
+    with metrics_writer(run) if is_leader() else nullcontext() as writer:
+        summary = train_supervised(run, mode, writer)
+        if writer is not None:  # the trackers get the final evaluation and curves.png
+            curves = plot_run(run.run_dir, title=f"{mode}: {run.run_dir.name}")
+            report_end(writer, run.config.train.steps, summary, curves)
+    return summary
+
+
+def train_supervised(run: Run, mode: Mode, writer: MetricsWriter | None) -> dict[str, Any]:
+    """run_supervised_mode's training, exports and evaluation; `writer` is None on processes other than 0."""
     config = run.config
     tokenizer = AutoTokenizer.from_pretrained(run.model_dir)
     trainer = build_trainer(run)
@@ -37,11 +49,10 @@ def run_supervised_mode(run: Run, mode: Mode) -> dict[str, Any]:
                                       **config.data.model_dump(include=set(ChatFormat.model_fields))), tokenizer)
     checkpointer = Checkpointer(run.run_dir / "checkpoints", max_to_keep=config.train.keep_checkpoints,
                                 save_every=config.train.checkpoint_every)
-    leader = is_leader()  # multi-host: every process trains on the same global batch, process 0 reports
+    leader = writer is not None
     evals: dict[int, dict[str, float]] = {}
     with ExitStack() as stack:
         stack.enter_context(closing(checkpointer))
-        writer = stack.enter_context(MetricsWriter(run.run_dir / "tb") if leader else nullcontext())
         progress = stack.enter_context(Progress(mode, config.train.steps) if leader else nullcontext())
         evaluator = make_evaluator(run, tokenizer, run.model_dir) if config.train.eval_every and leader else None
         if evaluator is not None:
@@ -66,7 +77,6 @@ def run_supervised_mode(run: Run, mode: Mode) -> dict[str, Any]:
     if (scores := evaluate_dir(run, tokenizer, hf_dir)) is not None:
         summary["eval"] = scores
     run.write_summary(summary)
-    plot_run(run.run_dir, title=f"{mode}: {run.run_dir.name}")
     return summary
 
 

@@ -35,6 +35,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _cache_dir = tempfile.mkdtemp(prefix="tandem-jax-cache-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache_dir
     atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
+if "TRACKIO_DIR" not in os.environ:
+    # trackio's local store (tests/test_tracking*.py), fresh for each session and not the user's: trackio reads
+    # the variable once, when it is imported
+    _trackio_dir = tempfile.mkdtemp(prefix="tandem-trackio-")
+    os.environ["TRACKIO_DIR"] = _trackio_dir
+    atexit.register(shutil.rmtree, _trackio_dir, ignore_errors=True)
 # Every compiled program goes into that cache, not only those that took over a second to compile (JAX's
 # default): the suite compiles the same tiny steps in many tests, processes and Ray workers, each taking
 # 0.1-1 s on this machine. The learner and model modules' fast tests went from 598 s to 466 s with it.
