@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from pydantic_core import PydanticUndefined
 
 from actors.config import FLEET_NAME, ActorConfig, EngineSettings, RestartPolicy
+from learner.algo.loss_rules import LossConfigError, check_registered
 from learner.algo.turn_advantages import resolve_turn_advantage
 from learner.chat_format import ChatFormat
 from learner.schema import (
@@ -188,6 +189,10 @@ class TandemConfig(Section):
             raise ValueError("rewards.environment (multi-turn episodes) needs the streaming actors: "
                              "set rollout.sync=false")
         resolve_turn_advantage(self.algo.advantage)  # a bad name fails at load, not after the model loads
+        try:
+            check_registered(self.algo)
+        except LossConfigError as error:
+            raise ValueError(f"'algo.{error.key}': {error}") from error
         if "total_steps" not in self.optim.model_fields_set:  # the schedule spans the run by default
             self.optim = self.optim.model_copy(update={"total_steps": self.train.steps})
             OptimizerConfig.model_validate(self.optim.model_dump())

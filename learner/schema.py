@@ -90,21 +90,6 @@ Correction = Annotated[TokenTIS | IcePop | TokenMask | GeometricSequenceMask | S
                        Field(discriminator="kind")]
 
 
-def _policy_loss(ref: str):
-    """The registry's record of policy loss `ref` (learner.algo.policy_losses, imported when a config is
-    validated: the registry is the one list of names)."""
-    from learner.algo.policy_losses import lookup_policy_loss
-
-    return lookup_policy_loss(ref)
-
-
-def _estimator(ref: str):
-    """The registry's record of estimator `ref` (learner.algo.advantages)."""
-    from learner.algo.advantages import resolve_estimator
-
-    return resolve_estimator(ref)
-
-
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
     """What to optimise; defaults are DeepSeekMath GRPO with token-mean aggregation, no KL, no correction."""
@@ -153,7 +138,7 @@ class LossConfig:
     ratio is per sequence (GSPO) and with an estimator without a group baseline (rloo)"""
 
     def __post_init__(self) -> None:
-        loss, estimator = _policy_loss(self.algorithm), _estimator(self.estimator)
+        # the registered names and what they declare: learner.algo.loss_rules.check_registered
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
         if self.dynamic_sampling not in DYNAMIC_SAMPLING:
@@ -169,14 +154,6 @@ class LossConfig:
             raise ValueError(f"beta must be >= 0, got {self.beta}")
         if self.aggregation == "constant" and not (self.constant_normalizer and self.constant_normalizer > 0):
             raise ValueError("aggregation='constant' needs a positive constant_normalizer")
-        if self.advantage != "trajectory" and loss.sequence_ratio:
-            raise ValueError(f"advantage={self.advantage!r} gives each turn its own advantage, but "
-                             f"{self.algorithm}'s sequence ratio takes one per sequence: use algorithm='grpo' "
-                             "or advantage='trajectory'")
-        if self.advantage != "trajectory" and not estimator.group_baseline:
-            raise ValueError(f"advantage={self.advantage!r} spreads a group baseline over turns, but "
-                             f"{self.estimator}'s baseline is each completion's own (e.g. leave-one-out): use "
-                             "advantage='trajectory'")
         if self.algorithm == "decoupled_ppo" and self.correction is not None:
             raise ValueError("decoupled_ppo carries its own correction (π_old / π_behaviour, masked above "
                              "loss_kwargs.cap): set algo.correction to null")

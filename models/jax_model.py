@@ -33,7 +33,7 @@ from tunix.models import safetensors_loader
 
 from models.families import family_of, hf_param_shapes, is_tied
 from models.hf_mapping import TensorRule, tensor_rules, to_hf_layout
-from models.lora import AdapterRule, adapter_rules, merged_kernel, peft_layout
+from models.lora_layout import AdapterRule, adapter_rules, merged_kernel, peft_layout
 from models.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoraConfig, adapter_config, peft_name
 from models.tunix_families import KEY_MAPPINGS, MODEL_CLASSES, tunix_config
 

@@ -17,6 +17,7 @@ from tunix.rl.grpo import dapo_learner, grpo_learner
 
 from learner.algo.advantages import estimator
 from learner.algo.logprobs import per_token_logprobs
+from learner.algo.loss_rules import check_registered
 from learner.algo.losses import AGGREGATIONS, LossConfig, Normalizer, aggregate, k3_kl, normalizer_for, rl_loss
 from learner.algo.policy_losses import policy_loss, resolve_policy_loss
 from learner.algo.sequences import Sequences
@@ -577,8 +578,9 @@ def test_without_old_logps_the_old_policy_is_the_current_one():
     ],
 )
 def test_loss_config_rejects_bad_values(kwargs, match):
+    """Its own fields when built; the registered names and what they declare when checked (config load, Trainer)."""
     with pytest.raises(ValueError, match=match):
-        LossConfig(**kwargs)
+        check_registered(LossConfig(**kwargs))
 
 
 def _sequence_loss(t, config):
@@ -594,12 +596,14 @@ def test_registered_names_are_the_configs_choices():
     and what it declares is what the config checks: a sequence ratio, a baseline of each completion's own."""
     policy_loss("test_sequence_loss", sequence_ratio=True)(_sequence_loss)
     estimator("test_own_baseline", divides_by_std=False, group_baseline=False)(_own_baseline)
-    assert LossConfig(algorithm="test_sequence_loss", estimator="test_own_baseline").algorithm == "test_sequence_loss"
+    check_registered(LossConfig(algorithm="test_sequence_loss", estimator="test_own_baseline"))
     with pytest.raises(ValueError, match="sequence ratio"):
-        LossConfig(algorithm="test_sequence_loss", advantage="reward_to_go")
+        check_registered(LossConfig(algorithm="test_sequence_loss", advantage="reward_to_go"))
     with pytest.raises(ValueError, match="baseline is each completion's own"):
-        LossConfig(estimator="test_own_baseline", advantage="reward_to_go")
-    LossConfig(algorithm="test_learner_losses:user_loss", advantage="reward_to_go")  # undecorated: per token
+        check_registered(LossConfig(estimator="test_own_baseline", advantage="reward_to_go"))
+    check_registered(LossConfig(algorithm="test_learner_losses:user_loss", advantage="reward_to_go"))  # per token
+    with pytest.raises(ValueError, match="unknown policy loss 'not_registered'"):
+        check_registered(LossConfig(algorithm="not_registered"))
 
 
 def user_loss(t, config, scale: float = 1.0):

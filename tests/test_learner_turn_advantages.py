@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from learner.algo.advantages import group_advantages
+from learner.algo.loss_rules import check_registered
 from learner.algo.losses import LossConfig, normalizer_for, rl_loss
 from learner.algo.policy_losses import resolve_policy_loss
 from learner.algo.sequences import Sequences
@@ -98,7 +99,7 @@ def test_a_users_rule_by_reference_and_what_a_rule_may_return():
 
 def test_gspo_refuses_a_per_turn_rule():
     with pytest.raises(ValueError, match="sequence ratio takes one per sequence"):
-        LossConfig(algorithm="gspo", advantage="reward_to_go")
+        check_registered(LossConfig(algorithm="gspo", advantage="reward_to_go"))
     assert LossConfig(algorithm="gspo").advantage == "trajectory"
 
 

@@ -9,8 +9,8 @@ global batch's normaliser (token-mean, sequence-mean, ...) and adds the KL term.
 Each metric is token-meaned over the loss tokens of the global batch by the caller (so it sums over
 micro-batches): a loss reports e.g. its ratio and 0/1 clip indicators per token.
 
-The registry is the one list of names `algo.algorithm` accepts (learner.schema asks it when the config
-is validated): `@policy_loss("name", sequence_ratio=True)` declares a loss whose ratio is one per sequence
+The registry is the one list of names `algo.algorithm` accepts (learner.algo.loss_rules asks it when a
+run's config loads and when a Trainer is built): `@policy_loss("name", sequence_ratio=True)` declares a loss whose ratio is one per sequence
 (GSPO's), which therefore takes one advantage per sequence (`algo.advantage: trajectory`). A user's loss
 is registered the same way (its module imported before the config is validated) or named
 ``"package.module:function"`` (decorated or not; undecorated it is taken to have a per-token ratio).

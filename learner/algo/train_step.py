@@ -52,6 +52,7 @@ import optax
 from flax import nnx
 
 from learner.algo.logprobs import head_and_hidden, logprobs_from_hidden
+from learner.algo.loss_rules import check_registered
 from learner.algo.losses import LossConfig, Normalizer, normalizer_for, rl_loss
 from learner.algo.optim import OptimizerConfig, make_optimizer, make_schedule
 from learner.algo.policy_losses import resolve_policy_loss
@@ -187,6 +188,7 @@ class Trainer:
                 self._reference = jax.tree.map(jnp.copy, params)
                 if compute_dtype is not None:
                     self._reference = cast_floating(self._reference, DTYPES[compute_dtype])
+        check_registered(self.loss_config)
         self._policy_loss = resolve_policy_loss(self.loss_config)
         self._steps: dict[tuple[str, str, int], Callable] = {}  # (kind, remat, micro-batches) -> jitted update
         self.plans: dict[tuple[str, int, int], StepPlan] = {}  # (kind, rows, length) -> how it compiled
