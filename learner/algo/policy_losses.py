@@ -10,10 +10,10 @@ Each metric is token-meaned over the loss tokens of the global batch by the call
 micro-batches): a loss reports e.g. its ratio and 0/1 clip indicators per token.
 
 The registry is the one list of names `algo.algorithm` accepts (learner.algo.loss_rules asks it when a
-run's config loads and when a Trainer is built): `@policy_loss("name", sequence_ratio=True)` declares a loss whose ratio is one per sequence
-(GSPO's), which therefore takes one advantage per sequence (`algo.advantage: trajectory`). A user's loss
-is registered the same way (its module imported before the config is validated) or named
-``"package.module:function"`` (decorated or not; undecorated it is taken to have a per-token ratio).
+run's config loads and when a Trainer is built): `@policy_loss("name", sequence_ratio=True)` declares a
+loss whose ratio is one per sequence (GSPO's), which therefore takes one advantage per sequence
+(`algo.advantage: trajectory`). A user's loss is registered the same way (its module imported before the
+config is loaded) or named ``"package.module:function"`` (decorated or not; undecorated it is taken to have a per-token ratio).
 
 Notation, per token t of sequence i (a packed row holds several sequences; `t.sequences` reduces over
 each): π_θ the policy being trained (the gradient flows through `t.logps` only), π_old the learner's own
