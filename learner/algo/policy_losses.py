@@ -13,7 +13,8 @@ The registry is the one list of names `algo.algorithm` accepts (learner.algo.los
 run's config loads and when a Trainer is built): `@policy_loss("name", sequence_ratio=True)` declares a
 loss whose ratio is one per sequence (GSPO's), which therefore takes one advantage per sequence
 (`algo.advantage: trajectory`). A user's loss is registered the same way (its module imported before the
-config is loaded) or named ``"package.module:function"`` (decorated or not; undecorated it is taken to have a per-token ratio).
+config is loaded) or named ``"package.module:function"`` (decorated or not; undecorated it is taken to
+have a per-token ratio).
 
 Notation, per token t of sequence i (a packed row holds several sequences; `t.sequences` reduces over
 each): π_θ the policy being trained (the gradient flows through `t.logps` only), π_old the learner's own
