@@ -34,7 +34,6 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from pydantic_core import PydanticUndefined
 
 from actors.config import FLEET_NAME, ActorConfig, EngineSettings, RestartPolicy
-from learner.algo.loss_rules import LossConfigError, check_registered
 from learner.algo.turn_advantages import resolve_turn_advantage
 from learner.chat_format import ChatFormat
 from learner.schema import (
@@ -189,6 +188,8 @@ class TandemConfig(Section):
             raise ValueError("rewards.environment (multi-turn episodes) needs the streaming actors: "
                              "set rollout.sync=false")
         resolve_turn_advantage(self.algo.advantage)  # a bad name fails at load, not after the model loads
+        from learner.algo.loss_rules import LossConfigError, check_registered  # the registries load JAX: not at import
+
         try:
             check_registered(self.algo)
         except LossConfigError as error:
