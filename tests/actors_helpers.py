@@ -1,18 +1,25 @@
-"""Shared by the actors tests: tiny HF model dirs, `transformers` as the independent oracle, polling.
+"""Shared by the actors tests: tiny HF model dirs, `transformers` as the independent oracle, polling, a
+RolloutActor in this process.
 
 vLLM's CPU attention needs head_dim >= 32, so the tiny model uses 2 heads x 32.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from safetensors.numpy import load_file, save_file
+
+if TYPE_CHECKING:
+    from actors.rollout_actor import RolloutActor
 
 TINY_MODEL = dict(num_layers=2, hidden_size=64, intermediate_size=128, num_heads=2, num_kv_heads=1,
                   head_dim=32, max_position_embeddings=256)
@@ -129,3 +136,20 @@ def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
             return value
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def in_process_actor(config, service, pool) -> Iterator[RolloutActor]:
+    """A RolloutActor ("actor-0") in this process, registered with `service` (started here) and scored
+    by `pool`; on exit its client and engine, the service and the pool are shut down, in that order."""
+    from actors.rollout_actor import RolloutActor
+
+    actor = RolloutActor("actor-0", config, service.start(), pool.handles())
+    try:
+        actor.client.register(actor.capabilities(), actor.version)
+        yield actor
+    finally:
+        actor.client.close()
+        actor.engine.shutdown()
+        service.stop()
+        pool.shutdown()

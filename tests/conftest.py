@@ -92,6 +92,15 @@ def weight_dirs(tmp_path_factory) -> dict[str, Path]:
                              for seed, name in enumerate(("sharp_a", "sharp_b", "sharp_c"), start=1)}}
 
 
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Path:
+    """The learner tests' tiny HF model dir (learner_train_helpers.TINY: shards over fsdp=8 and
+    fsdp=4 × tp=2), built once per module."""
+    from learner_train_helpers import tiny_model_dir
+
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny"))
+
+
 @pytest.fixture
 def ray_head():
     """A second, real Ray cluster (`ray start --head` on loopback) for tests that submit jobs to it."""

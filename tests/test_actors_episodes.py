@@ -20,6 +20,7 @@ import pytest
 from actors_helpers import (
     chat_prompt,
     hf_model,
+    in_process_actor,
     load_tensors,
     make_base_model,
     random_weights,
@@ -100,17 +101,11 @@ def rig(request, ray_session, tmp_path):
     service = LearnerService(PromptSource(prompts, epochs=None), service_config(
         queue_capacity=8, max_staleness=1000, group_size=G, lease_seconds=60.0, vocab_size=vocab_size_for(),
         max_sequence_tokens=64))
-    address = service.start()
     config = actor_config(base, group_size=G, temperature=TEMPERATURE, max_tokens=TURN_TOKENS, max_model_len=64,
                           kv_cache_gib=0.125, prompts_per_batch=3, num_cpus=0, environment=environment,
                           weight_drain_steps=0)  # a version loads at once: the turns in flight are sampled again
-    actor = RolloutActor("actor-0", config, address, pool.handles())
-    actor.client.register(actor.capabilities(), actor.version)
-    yield actor, service, {0: base, 1: sharp}
-    actor.client.close()
-    actor.engine.shutdown()
-    service.stop()
-    pool.shutdown()
+    with in_process_actor(config, service, pool) as actor:
+        yield actor, service, {0: base, 1: sharp}
 
 
 def _sample_episodes(actor: RolloutActor, service: LearnerService, dirs: dict, load_after_turns: int):

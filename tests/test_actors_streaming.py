@@ -13,12 +13,12 @@ import pytest
 from actors_helpers import (
     chat_prompt,
     hf_model,
+    in_process_actor,
     load_tensors,
     sampled_token_logprobs,
 )
 from config_helpers import actor_config, service_config
 
-from actors.rollout_actor import RolloutActor
 from learner.service.prompt_source import Prompt, PromptSource
 from learner.service.server import LearnerService
 from models.tokenizer import vocab_size_for
@@ -37,16 +37,10 @@ def actor_and_service(ray_session, weight_dirs, request):
     prompts = [Prompt(chat_prompt(f"{a}+{b}"), f"{a}+{b}", {"answer": str(a + b)}) for a, b in [(12, 30), (7, 8)]]
     service = LearnerService(PromptSource(prompts, epochs=None), service_config(
         queue_capacity=8, max_staleness=1000, group_size=G, lease_seconds=60.0, vocab_size=vocab_size_for()))
-    address = service.start()
     config = actor_config(base, group_size=G, temperature=TEMPERATURE, max_tokens=12, max_model_len=64,
                           kv_cache_gib=0.125, prompts_per_batch=2, num_cpus=0, weight_drain_steps=request.param)
-    actor = RolloutActor("actor-0", config, address, pool.handles())
-    actor.client.register(actor.capabilities(), actor.version)
-    yield actor, service, {0: base, 1: sharp}
-    actor.client.close()
-    actor.engine.shutdown()
-    service.stop()
-    pool.shutdown()
+    with in_process_actor(config, service, pool) as actor:
+        yield actor, service, {0: base, 1: sharp}
 
 
 def test_a_version_arriving_mid_sampling_drains_or_aborts_and_every_group_keeps_one_version(actor_and_service):

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from learner_train_helpers import addition_texts, host_leaves, tiny_model_dir, write_jsonl
+from learner_train_helpers import addition_texts, host_leaves, write_jsonl
 from transformers import AutoTokenizer
 
 from learner.algo.optim import OptimizerConfig
@@ -73,11 +73,6 @@ def _run_worker(log: Path, *args: object) -> subprocess.Popen:
     with log.open("w") as stderr:
         return subprocess.Popen([sys.executable, __file__, *map(str, args)], stdout=subprocess.PIPE,
                                 stderr=stderr, text=True, env=env, cwd=ROOT)
-
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    return tiny_model_dir(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from learner_train_helpers import OPTIMIZER, host_leaves, max_abs_diff, random_rl_batch, tiny_model_dir
+from learner_train_helpers import OPTIMIZER, host_leaves, max_abs_diff, random_rl_batch
 
 from learner.algo.rl_batch import bucket_rows
 from learner.algo.step_plan import GIB, StepTooLargeError
@@ -27,11 +27,6 @@ from models.lora import apply_lora
 from models.peft import LoraConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    return tiny_model_dir(tmp_path_factory.mktemp("compile") / "tiny")
 
 
 def sft_batch(rows: int = 8, length: int = 24) -> TokenBatch:

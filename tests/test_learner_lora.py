@@ -20,7 +20,6 @@ from learner_train_helpers import (
     host_leaves,
     max_abs_diff,
     random_rl_batch,
-    tiny_model_dir,
     write_jsonl,
 )
 from transformers import AutoTokenizer
@@ -40,11 +39,6 @@ FAST = OptimizerConfig(learning_rate=1e-2, schedule="constant", warmup_steps=0) 
 # The repo's bf16 figure: vLLM's and the learner's bf16 logprobs of the same tokens differ by 0.005 nats per
 # token at Qwen2.5-0.5B's shape (README, tests/test_real_shape.py)
 BF16_GAP = 0.005
-
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    return tiny_model_dir(tmp_path_factory.mktemp("lora-learner") / "tiny")
 
 
 def lora_trainer(hf_dir, *, compute: str = "float32", seed: int = 0, optimizer=FAST, mesh=(1, 1),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from learner_train_helpers import host_leaves, random_rl_batch, tiny_model_dir
+from learner_train_helpers import host_leaves, random_rl_batch
 
 from learner.algo.optim import OptimizerConfig
 from learner.algo.train_step import Trainer
@@ -33,11 +33,6 @@ def adam_displacement_in_lr(zero_before: int, zero_after: int) -> float:
         v_hat = (1 - B2) * B2**j / (1 - B2**t)
         total += m_hat / np.sqrt(v_hat)
     return total
-
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    return tiny_model_dir(tmp_path_factory.mktemp("tiny"))
 
 
 def _displacement(hf_dir, *, skip: bool) -> tuple[np.ndarray, Trainer, list[dict]]:

@@ -12,7 +12,6 @@ from learner_train_helpers import (
     host_leaves,
     max_abs_diff,
     random_rl_batch,
-    tiny_model_dir,
     write_jsonl,
 )
 from transformers import AutoTokenizer
@@ -24,11 +23,6 @@ from models.jax_model import load_model, make_mesh
 
 # seq-mean-token-mean weighs sequences, token-mean tokens: both need the global normaliser.
 LOSS = LossConfig(aggregation="seq-mean-token-mean", beta=0.05)
-
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    return tiny_model_dir(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from learner_train_helpers import tiny_model_dir
 
 from learner.algo.logprobs import logprobs_from_hidden
 from learner.algo.losses import LossConfig
@@ -196,11 +195,6 @@ def test_assembly_rejects_bad_groups():
     broken.completions[0].logprobs = [-1.0]
     with pytest.raises(ValueError, match="behaviour logprobs"):
         _assemble([broken], row_tokens=8)
-
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    return tiny_model_dir(tmp_path_factory.mktemp("tiny"))
 
 
 @nnx.jit

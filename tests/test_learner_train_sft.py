@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from learner_train_helpers import addition_chats, addition_texts, tiny_model_dir, write_jsonl
+from learner_train_helpers import addition_chats, addition_texts, write_jsonl
 from transformers import AutoTokenizer
 
 from learner.algo.losses import normalizer_for
@@ -18,11 +18,6 @@ from learner.data import DataConfig, make_batches, sft_example
 from models.jax_model import forward_logits, load_model, make_mesh
 
 SEQ, ROWS = 64, 8
-
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    return tiny_model_dir(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")

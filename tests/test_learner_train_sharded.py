@@ -13,7 +13,6 @@ from learner_train_helpers import (
     host_leaves,
     max_abs_diff,
     random_rl_batch,
-    tiny_model_dir,
     write_jsonl,
 )
 from transformers import AutoTokenizer
@@ -21,11 +20,6 @@ from transformers import AutoTokenizer
 from learner.algo.train_step import Trainer
 from learner.data import DataConfig, make_batches
 from models.jax_model import load_model, make_mesh
-
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    return tiny_model_dir(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,10 @@
 """The offline char and ChatML tokenizers, read back through transformers.AutoTokenizer (the loader vLLM uses)."""
 
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from models.tokenizer import (
     ASST_ID,
@@ -22,11 +25,15 @@ from models.tokenizer import (
 )
 
 
+def built_and_loaded(build: Callable[[Path], object], out: Path) -> PreTrainedTokenizerBase:
+    """The tokenizer `build` writes into `out`, as transformers loads it."""
+    build(out)
+    return AutoTokenizer.from_pretrained(out)
+
+
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tok")
-    build_char_tokenizer(out)
-    return AutoTokenizer.from_pretrained(out)
+    return built_and_loaded(build_char_tokenizer, tmp_path_factory.mktemp("tok"))
 
 
 def test_vocab_is_specials_then_one_id_per_character(tok):
@@ -78,9 +85,7 @@ def test_bad_alphabets_are_rejected(tmp_path):
 
 @pytest.fixture(scope="module")
 def chatml(tmp_path_factory):
-    out = tmp_path_factory.mktemp("chatml")
-    build_chatml_tokenizer(out)
-    return AutoTokenizer.from_pretrained(out)
+    return built_and_loaded(build_chatml_tokenizer, tmp_path_factory.mktemp("chatml"))
 
 
 def test_chatml_vocab_is_the_256_bytes_then_the_specials(chatml):

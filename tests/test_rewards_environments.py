@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 from environment_helpers import page_calculator_spec
+from misbehaviour_helpers import MISBEHAVE_ON
 
 from rewards.environment_host import IsolatedEnvironment
 from rewards.environments import Environment, Step, check_step, environment, resolve_environment
@@ -17,8 +18,8 @@ from rewards.spec import EnvironmentSpec, RewardSpec, WeightedReward
 from rewards.tools import ToolEnvironment, tool_schema
 from rewards.types import RewardStats
 
-USER_MODULE = '''
-import ctypes, math, os, time
+USER_MODULE = MISBEHAVE_ON + '''
+import math
 from rewards.environments import Environment, Step
 
 class Misbehave(Environment):
@@ -29,14 +30,7 @@ class Misbehave(Environment):
 
     def step(self, reply):
         self.turns += 1
-        if reply == "raise":
-            raise KeyError("bad input")
-        if reply == "hang":
-            time.sleep(60)
-        if reply == "exit":
-            os._exit(3)
-        if reply == "segfault":
-            ctypes.string_at(0)
+        misbehave_on(reply, KeyError)
         if reply == "nan":
             return Step(reward=math.nan, done=True)
         if reply == "junk":

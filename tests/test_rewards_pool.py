@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from misbehaviour_helpers import MISBEHAVE_ON
 
 from rewards.pool import RewardChildError, RewardPool, RewardSpec, WeightedReward
 from rewards.types import RewardStats
@@ -19,20 +20,13 @@ pytestmark = pytest.mark.slow  # Ray reward workers
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 1.0
 
-USER_MODULE = '''
-import asyncio, ctypes, math, os, time
+USER_MODULE = MISBEHAVE_ON + '''
+import asyncio, math
 from rewards import reward
 
 def misbehave(prompt, completion, *, completion_ids, metadata):
     """Does what the completion says."""
-    if completion == "raise":
-        raise ValueError("bad input")
-    if completion == "hang":
-        time.sleep(60)
-    if completion == "exit":
-        os._exit(3)
-    if completion == "segfault":
-        ctypes.string_at(0)
+    misbehave_on(completion, ValueError)
     return {"nan": math.nan, "inf": -math.inf, "string": "1.0", "none": None}.get(completion, 1.0)
 
 def token_count(prompt, completion, *, completion_ids, metadata, scale=1.0):
