@@ -312,8 +312,8 @@ class TrainConfig(Section):
     memory_budget_gib: float | None = Field(None, gt=0, description="device memory a compiled step may use "
                                                                     "(per device), for remat auto and the "
                                                                     "micro-batch split; None: the device's "
-                                                                    "memory less 10 % (on CPU, half the "
-                                                                    "host's over its devices)")
+                                                                    "memory less 2 % (on CPU, half the "
+                                                                    "host's over the mesh's devices)")
     scan_layers: bool = Field(True, description="run the decoder layers under one jax.lax.scan (MaxText's "
                                                 "scan_layers): one layer compiles whatever the depth; false "
                                                 "unrolls them (debugging)")

@@ -2,7 +2,8 @@
 
 XLA's memory analysis (temporaries of the compiled step, not run) at Qwen2.5-0.5B's widths, heads and
 151,936-token vocabulary, 2 of its 24 layers, mixed precision and the learner's defaults (attention
-`auto`: blockwise on CPU; train.remat and train.logits_chunk_tokens as TrainConfig sets them), one row of
+`auto`: blockwise on CPU; train.logits_chunk_tokens as TrainConfig sets it; remat save_matmuls, one policy at
+every length, as these figures were measured), one row of
 8,192 and of 16,384 tokens. With tunix's einsum attention the same step grew 3.76× (28.9 → 108.6 GiB);
 measured here: SFT 6.82 → 8.59 GiB (1.26×), RL 6.31 → 8.08 GiB (1.28×). A 1 × 32,768-token RL step
 compiles (11.6 GiB of temporaries). About 90 s on the 2-core machine: 13 s for the checkpoint, 10-15 s
@@ -38,7 +39,7 @@ def trainer(tmp_path_factory):
     defaults = TrainConfig()
     return Trainer(load_model(model_dir, mesh=mesh, dtype="float32"), mesh,
                    OptimizerConfig(learning_rate=1e-6, schedule="constant"), compute_dtype="bfloat16",
-                   chunk_tokens=defaults.logits_chunk_tokens, remat=defaults.remat, attention=defaults.attention)
+                   chunk_tokens=defaults.logits_chunk_tokens, remat="save_matmuls", attention=defaults.attention)
 
 
 def batch(kind: str, length: int) -> dict:

@@ -10,7 +10,7 @@ remat is still too large) raises `StepTooLargeError`, naming the sizes, before a
 A fixed policy (`train.remat: full`, ...) is kept as configured; only the micro-batches grow if it does not fit.
 
 The budget is `train.memory_budget_gib` when set, else the device's own limit less HEADROOM (accelerators
-report it), else, on CPU, CPU_SHARE of the host's memory split over its local devices.
+report it), else, on CPU, CPU_SHARE of the host's memory split over the mesh's devices on this host.
 
 The choices are remembered beside JAX's persistent compilation cache (`PlanMemo`): a refused candidate is
 not cached by JAX (XLA:TPU refuses an oversized program at compile time, after most of the work), so a
@@ -38,7 +38,7 @@ REMAT_BY_COST = ("none", "save_matmuls", "full")  # least recompute (most memory
 # of an accelerator's memory, beyond XLA's static account of the step (on a TPU v5e at 0.5B, 8 x 1024:
 # save_matmuls needed 15.37 of 15.75 GiB by that account and ran; 5 % would have refused it)
 HEADROOM = 0.02
-CPU_SHARE = 0.5  # of the host's memory, for the steps of all its (simulated) devices
+CPU_SHARE = 0.5  # of the host's memory, for the step on all the mesh's (simulated) devices of this host
 GIB = 2**30
 
 
@@ -55,15 +55,17 @@ class StepPlan:
     device_bytes: int
 
 
-def memory_budget(budget_gib: float | None) -> int:
-    """The bytes a step may use per device: `budget_gib` if given, else the device's limit less HEADROOM,
-    else (CPU reports none) CPU_SHARE of the host's memory over its local devices."""
+def memory_budget(budget_gib: float | None, mesh: jax.sharding.Mesh) -> int:
+    """The bytes a step on `mesh` may use per device: `budget_gib` if given, else the device's limit less
+    HEADROOM, else (CPU reports none) CPU_SHARE of the host's memory over the mesh's devices on this host
+    (simulated CPU devices share it; those outside the mesh use none of it)."""
     if budget_gib is not None:
         return int(budget_gib * GIB)
-    limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
+    local = mesh.local_devices
+    limit = (local[0].memory_stats() or {}).get("bytes_limit")
     if limit:
         return int(limit * (1 - HEADROOM))
-    return int(psutil.virtual_memory().total * CPU_SHARE / jax.local_device_count())
+    return int(psutil.virtual_memory().total * CPU_SHARE / len(local))
 
 
 def step_bytes(compiled: jax.stages.Compiled) -> int:

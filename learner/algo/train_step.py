@@ -382,7 +382,7 @@ class Trainer:
             lock = self._plan_locks.setdefault(key, threading.Lock())
         with lock:
             if key not in self.plans:
-                parts, budget = self._parts(kind, rows, length), memory_budget(self._budget_gib)
+                parts, budget = self._parts(kind, rows, length), memory_budget(self._budget_gib, self.mesh)
                 memo = PlanMemo.for_jax_cache()
                 fingerprint = memo.fingerprint(
                     kind, rows, length, self.remat, parts, budget, self.mesh.devices.shape,

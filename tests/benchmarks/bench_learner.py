@@ -156,7 +156,8 @@ def jax_side(args: argparse.Namespace) -> dict:
             "xla_bytes": analysis.argument_size_in_bytes + analysis.temp_size_in_bytes, "floor_bytes": floor,
             "loss": [first["loss"], metrics["loss"]]}
         print(f"[learner] {args.shape} {kind}: {step_s:.3f} s/step, {tps:.0f} tok/s", file=sys.stderr, flush=True)
-    out["remat"], out["attention"] = trainer.loaded.model.remat_policy, trainer.loaded.model.attention_impl
+    out["remat"] = sorted({plan.remat for plan in trainer.plans.values()}) if trainer.remat == "auto" else trainer.remat
+    out["attention"] = trainer.loaded.model.attention_impl
     return out
 
 
