@@ -116,7 +116,8 @@ def test_learner_section_runs_both_sides_and_fills_its_rows():
         ["--shapes", "0.5b", "--layers", "1", "--rows", "2", "--seq", "32", "--steps", "1"]))
     jax_side, torch_side = results["shapes"]["0.5b"]["jax"], results["shapes"]["0.5b"]["torch"]
     assert "error" not in jax_side and "error" not in torch_side, (jax_side, torch_side)
-    assert set(jax_side["kinds"]) == {"sft", "rl"} and jax_side["remat"] == "save_matmuls"
+    # train.remat auto: at this size both steps fit the CPU's budget without remat
+    assert set(jax_side["kinds"]) == {"sft", "rl"} and jax_side["remat"] == ["none"]
     assert jax_side["attention"] == "auto" and jax_side["matmul_tflops"] > 0
     for row in jax_side["kinds"].values():
         assert row["tokens_per_s"] > 0 and row["xla_bytes"] > row["floor_bytes"] > 0
