@@ -141,7 +141,7 @@ class Trainer:
       remat: remat policy per decoder layer (models.tunix_families.REMAT_POLICIES: none, full,
         save_matmuls), or "auto": per batch shape, the cheapest that fits `memory_budget_gib`.
       memory_budget_gib: device memory a step may use (learner.algo.step_plan.memory_budget: default the
-        device's limit less 10 %).
+        device's limit less step_plan.HEADROOM).
       scan_layers: run the decoder layers under one jax.lax.scan (compile time flat in depth); False unrolls
         them (models.tunix_families).
       attention: attention implementation (models.attention.IMPLEMENTATIONS; auto picks by backend).
@@ -369,8 +369,7 @@ class Trainer:
     def _abstract_batch(self, arrays: Mapping[str, np.ndarray | jax.Array]) -> Batch:
         """Shapes, dtypes and row shardings of a batch, for compiling without placing it."""
         sharding = row_sharding(self.mesh)
-        return {k: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype if isinstance(v, np.ndarray) else v.dtype,
-                                        sharding=sharding) for k, v in arrays.items()}
+        return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in arrays.items()}
 
     def _plan(self, kind: str, batch: Batch) -> StepPlan:
         """The plan of `kind` steps on batches shaped like `batch`, compiled on first need (one thread compiles
