@@ -49,15 +49,15 @@ class CompileAhead:
 
     @classmethod
     def for_run(cls, trainer: Trainer, *, sequences: int, row_tokens: int, max_sequence_len: int,
-                expected_len: int, row_multiple: int, again: bool) -> CompileAhead:
+                expected_len: int, row_multiple: int, again: bool, first_only: bool = False) -> CompileAhead:
         """The buckets a step of at most `sequences` sequences of at most `max_sequence_len` tokens can fill,
-        nearest first to the rows they fill at `expected_len` tokens each."""
+        nearest first to the rows they fill at `expected_len` tokens each (`first_only`: that nearest one)."""
         def rows_at(length: int) -> int:
             return bucket_rows(-(-sequences // max(1, row_tokens // min(length, row_tokens))), row_multiple)
 
         most = rows_at(max_sequence_len)
-        return cls(trainer, by_nearness(row_buckets(most, row_multiple), rows_at(expected_len)), row_tokens,
-                   again=again)
+        ordered = by_nearness(row_buckets(most, row_multiple), rows_at(expected_len))
+        return cls(trainer, ordered[:1] if first_only else ordered, row_tokens, again=again)
 
     def start(self) -> CompileAhead:
         self._thread.start()

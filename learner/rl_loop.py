@@ -206,16 +206,17 @@ class RLLoop:
         return {} if self.service is None else self.service.accounting()
 
     def _compile_ahead(self) -> None:
-        """Compile the rl step for every row bucket on a background thread (learner.compile_ahead) while the
-        first groups are sampled: the learner would otherwise wait idle for them, then compile (~10 s on the
-        demo on one CPU core, minutes for a large model), and again at each new bucket."""
+        """Compile the rl step for every row bucket (train.compile_ahead: or the first batch's alone) on a
+        background thread (learner.compile_ahead) while the first groups are sampled: the learner would
+        otherwise wait idle for them, then compile (~10 s on the demo on one CPU core, minutes for a large
+        model), and again at each new bucket."""
         if self.compile_ahead_len is None or self.step >= self.config.train.steps:
             return
         self._compiling = CompileAhead.for_run(
             self.trainer, sequences=self.config.train.prompts_per_step * self.config.group_size,
             row_tokens=self.row_tokens, max_sequence_len=self.config.max_sequence_len,
             expected_len=self.compile_ahead_len, row_multiple=self.row_multiple,
-            again=self.config.train.num_iterations > 1).start()
+            again=self.config.train.num_iterations > 1, first_only=self.config.train.compile_ahead == "first").start()
 
     def compile_report(self) -> dict[str, float]:
         """This process's compilations since the run started (learner.compile_log.summarize) and the train

@@ -317,6 +317,14 @@ class TrainConfig(Section):
     scan_layers: bool = Field(True, description="run the decoder layers under one jax.lax.scan (MaxText's "
                                                 "scan_layers): one layer compiles whatever the depth; false "
                                                 "unrolls them (debugging)")
+    compile_ahead: Literal["all", "first"] = Field("all", description="rl row buckets compiled on a background "
+                                                                       "thread while the actors sample "
+                                                                       "(learner.compile_ahead): all (no step "
+                                                                       "after the first waits for a compile) or "
+                                                                       "first (the first batch's bucket only; "
+                                                                       "others compile on first use: small runs "
+                                                                       "on a busy CPU, where compiles take "
+                                                                       "seconds)")
     attention: AttentionImpl = Field("auto", description="attention kernel (models.attention): auto picks "
                                                          "pallas_gpu on GPUs, blockwise elsewhere (TPUs "
                                                          "too: faster than splash on packed rows, measured); "

@@ -72,6 +72,7 @@ def tiny_run(run_dir: Path, *, steps: int, checkpoint_every: int = 1, port: int 
                  f"train.checkpoint_every={checkpoint_every}", "train.keep_checkpoints=2", "train.eval_every=0",
                  "optim.warmup_steps=0", f"rollout.group_size={GROUP_SIZE}", "rollout.max_tokens=4",
                  "rollout.max_prompt_tokens=16", "rollout.max_model_len=32", "rollout.kv_cache_gib=0.125",
+                 "train.compile_ahead=first",  # the tiny step compiles in seconds; 2 cores are for the actors
                  "rollout.prompts_per_batch=4", "rollout.num_cpus=0", "rollout.queue_capacity=8",
                  f"rollout.lease_seconds={LEASE_SECONDS}", "rollout.max_staleness=1", f"server.port={port}",
                  *overrides]

@@ -67,8 +67,10 @@ def test_two_async_actors_rarely_drop_a_stale_group_and_train_within_eta_version
     relayed = sum(f["relayed"] for f in sources)
     # the learner counts the relay answers it gave, the actors the relayed fetches they finished: an
     # actor stopped at the end of the run may have one answer in hand and its fetch unfinished (seen
-    # once on a loaded machine: 12 finished, 13 given)
-    assert 0 < relayed <= accounting["weight_fetches_relayed"] <= relayed + len(stats), sources
+    # once on a loaded machine: 12 finished, 13 given). The count is read after the fleet stopped: the
+    # actors fetch the final version after the loop returned its accounting (CI: 23 finished, 22 then given)
+    given = loop.service.accounting()["weight_fetches_relayed"]
+    assert 0 < relayed <= given <= relayed + len(stats), (given, sources)
     assert not any(f["shared"] for f in sources), sources
     # A relay may fail a fetch, never change it: the fetch is then streamed by the learner, counted, and the
     # egress bound below still holds. Seen once in CI (2026-12-03, the suite's other worker busy): actor-1

@@ -40,7 +40,7 @@ TINY = ["model.tiny.num_layers=2", "model.tiny.hidden_size=64", "model.tiny.inte
 ENVIRONMENT = ["rewards.environment.ref=answer_retry", "rewards.environment.kwargs={reveal_answer: true}",
                "rewards.environment.max_turns=2", "rewards.environment.max_total_tokens=10"]
 ROLLOUT = ["rollout.max_tokens=3", "rollout.max_prompt_tokens=8", "rollout.max_model_len=32",
-           "rollout.kv_cache_gib=0.125", "rollout.temperature=1.0", "rollout.group_size=8"]
+           "rollout.kv_cache_gib=0.125", "rollout.temperature=1.0", "rollout.group_size=8", "train.compile_ahead=first"]
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from learner_train_helpers import OPTIMIZER, host_leaves, max_abs_diff, random_r
 from learner.algo.rl_batch import bucket_rows
 from learner.algo.step_plan import GIB, StepTooLargeError
 from learner.algo.train_step import Trainer
-from learner.compile_ahead import by_nearness, row_buckets
+from learner.compile_ahead import CompileAhead, by_nearness, row_buckets
 from learner.compile_log import CompileLog
 from learner.data import TokenBatch
 from learner.mesh import shard_rows
@@ -132,6 +132,11 @@ def test_rl_row_buckets_are_all_compiled_ahead_nearest_first():
     assert by_nearness([2, 4, 6, 8, 12, 16], 8) == [8, 6, 12, 16, 4, 2]  # 16 and 4 tie: larger first
     # every row count up to the most lands in a listed bucket
     assert {bucket_rows(rows, 2) for rows in range(1, 17)} <= set(row_buckets(16, 2))
+    # a run's buckets (32 sequences of at most 64 tokens in 128-token rows: at most 16 rows; 8 at 32 tokens),
+    # and train.compile_ahead=first's: the nearest alone
+    kwargs = dict(sequences=32, row_tokens=128, max_sequence_len=64, expected_len=32, row_multiple=2, again=False)
+    assert CompileAhead.for_run(None, **kwargs).rows == [8, 6, 12, 16, 4, 2]
+    assert CompileAhead.for_run(None, **kwargs, first_only=True).rows == [8]
 
 
 CHILD = """
