@@ -39,6 +39,7 @@ from tunix.models.qwen3 import params as qwen3_params
 
 from models.attention import attention
 from models.families import check_supported, family_of, head_dim_of, is_tied, kv_heads_of, rope_settings
+from models.stacked_layers import StackedLayers
 
 # ---------------------------------------------------------------------------------------------
 # Rope from the HF config (Llama3 / Qwen3)
@@ -213,13 +214,9 @@ def _layer_fn(decoder_layer: Callable, graphdef: nnx.GraphDef, *, impl: str, pol
 
 
 def stack_layers(layers: Any) -> tuple[nnx.GraphDef, nnx.State]:
-    """The first layer's graph definition and every layer's state stacked along a new leading axis.
-
-    The layers share one structure (their static attributes may differ: qwix tags each module with its own
-    path, and the first layer's tags match the same LoRA rule as every other's)."""
-    graphdef, first = nnx.split(layers[0])
-    states = [first, *(nnx.split(layer)[1] for layer in layers[1:])]
-    return graphdef, jax.tree.map(lambda *values: jnp.stack(values), *states)
+    """One layer's graph definition and every layer's state stacked along a new leading axis: the layers as
+    they are stored (a StackedLayers, the learner's), or stacked here from tunix's per-layer list."""
+    return (layers if isinstance(layers, StackedLayers) else StackedLayers(layers)).graphdef_and_state()
 
 
 class _HiddenAndUnembed:
@@ -230,13 +227,12 @@ class _HiddenAndUnembed:
     definition): `attention_impl` (models.attention.IMPLEMENTATIONS), `remat_policy` (REMAT_POLICIES) and
     `scan_layers`.
 
-    Layers under a scan (`scan_layers`, the default; MaxText's `scan_layers`): the layers' weights are
-    stacked along a leading axis inside the traced forward and one `jax.lax.scan` runs the layer body over
-    them, so XLA compiles one layer whatever the depth (compile time stays flat as layers grow). The stored
-    parameters keep tunix's per-layer tree (`layers.<i>.…`): HF loads and exports, LoRA, checkpoints and
-    weight pushes see no stacked layout. The price is a stacked copy of the layer weights (in the compute
-    dtype) for the step's duration and its gradient's slices back. `scan_layers = False` unrolls the layers
-    (for debugging: one HLO op per layer).
+    Layers under a scan (`scan_layers`, the default; MaxText's `scan_layers`): one `jax.lax.scan` runs the
+    layer body over the layers' weights stacked along a leading axis, so XLA compiles one layer whatever the
+    depth. The learner stores them stacked (models.stacked_layers: `layers` is then a StackedLayers, and the
+    optimizer update runs once per weight kind too); a model with tunix's per-layer list (as loaded, exported
+    and evaluated) stacks them inside the traced forward. `scan_layers = False` unrolls the layers (for
+    debugging: one HLO op per layer).
     """
 
     embedder: Any

@@ -25,6 +25,7 @@ from learner.mesh import shard_rows
 from models.jax_model import load_model, make_mesh
 from models.lora import apply_lora
 from models.peft import LoraConfig
+from models.stacked_layers import per_layer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,12 +70,15 @@ def _rl_loss_and_grads(trainer: Trainer, batch) -> tuple[float, list[np.ndarray]
         norm = trainer._normalizer(arrays, "rl")
         (loss, _), grads = jax.value_and_grad(trainer._rl_loss, has_aux=True)(
             trainer.state.params, arrays, norm, None, trainer._frozen, given_old=False, remat="full")
+    if trainer._num_layers:  # stored stacked: compared in tunix's per-layer tree
+        grads = per_layer(grads, trainer._num_layers)
     return float(loss), host_leaves(grads)
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full-weights", "lora"])
 def test_scanned_layers_give_the_unrolled_loss_and_gradients(hf_dir, lora):
-    """float32, under full remat: the scan over stacked layer weights is the same function as the loop."""
+    """float32, under full remat: the scan over the layer weights stored stacked (models.stacked_layers) is the
+    same function as the loop over tunix's per-layer tree, and gives the same gradients per layer."""
     mesh = make_mesh(1, 1)
     batch = random_rl_batch()
     results = {}

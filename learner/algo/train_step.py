@@ -37,6 +37,7 @@ same-segment, and positions restart per sequence (learner.data, learner.algo.rl_
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -73,6 +74,7 @@ from models.jax_model import (
     save_hf_dir,
 )
 from models.peft import LoraConfig, adapter_config
+from models.stacked_layers import per_layer, stacked_model
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +174,10 @@ class Trainer:
         self.remat, self._budget_gib = remat, memory_budget_gib
         # static attributes: part of the graph definition (the remat policy is set per step: _merge)
         loaded.model.attention_impl, loaded.model.scan_layers = attention, scan_layers
+        # under a scan the trained copy stores its layers stacked (models.stacked_layers); `loaded.model` keeps
+        # tunix's per-layer tree for exports (_bound)
+        self._num_layers = len(loaded.model.layers) if scan_layers else 0
+        self._model = stacked_model(loaded.model) if scan_layers else loaded.model
         log.info("%s; remat %s; layers %s; logits in %s", describe(attention), remat,
                  "scanned" if scan_layers else "unrolled",
                  "float32" if self.float32_logits else compute_dtype or "the params' dtype")
@@ -200,13 +206,13 @@ class Trainer:
         """Graph definition, trainable params, frozen base and the rest of the model. With LoRA the base is
         cast to the compute dtype here, once, and the model keeps only that copy."""
         if self.loaded.lora is None:
-            graphdef, params, rest = nnx.split(self.loaded.model, nnx.Param, ...)
+            graphdef, params, rest = nnx.split(self._model, nnx.Param, ...)
             return graphdef, params, (), rest
-        graphdef, adapters, base, rest = nnx.split(self.loaded.model, nnx.LoRAParam, nnx.Param, ...)
+        graphdef, adapters, base, rest = nnx.split(self._model, nnx.LoRAParam, nnx.Param, ...)
         if self.compute_dtype is not None:
             with jax.set_mesh(self.mesh):
                 base = jax.jit(functools.partial(cast_floating, dtype=DTYPES[self.compute_dtype]))(base)
-            nnx.update(self.loaded.model, base)
+            nnx.update(self._model, base)
         return graphdef, adapters, (base,), rest
 
     # -- public steps --------------------------------------------------------------------------
@@ -280,7 +286,8 @@ class Trainer:
     def hf_tensors(self, dtype: str | None = None) -> Iterator[tuple[str, np.ndarray]]:
         """Current weights as HF-named host tensors (for publishing to the actors, the evaluator), in `dtype`
         (default: the compute dtype); with LoRA the merged weights W + (alpha/r)·B·A."""
-        return export_hf_tensors(self._bound(), dtype or self.compute_dtype)
+        with self._exported() as loaded:
+            yield from export_hf_tensors(loaded, dtype or self.compute_dtype)
 
     def export_hf(self, out_dir: Path, *, tokenizer_dir: Path, dtype: str | None = None) -> Path:
         """Write the current weights as a HF model dir (vLLM / transformers load it; merged with LoRA).
@@ -288,12 +295,14 @@ class Trainer:
         if not is_leader():
             deque(self.hf_tensors(dtype), maxlen=0)
             return Path(out_dir)
-        return save_hf_dir(self._bound(), out_dir, tokenizer_dir=tokenizer_dir, dtype=dtype or self.compute_dtype)
+        with self._exported() as loaded:
+            return save_hf_dir(loaded, out_dir, tokenizer_dir=tokenizer_dir, dtype=dtype or self.compute_dtype)
 
     def adapter_tensors(self, dtype: str | None = None) -> Iterator[tuple[str, np.ndarray]]:
         """LoRA: the current adapters as PEFT-named host tensors (models.peft.adapter_shapes: A [r, in],
         B [out, r]) in `dtype` (default: the compute dtype), for publishing adapter versions."""
-        return export_adapter_tensors(self._bound(), dtype or self.compute_dtype)
+        with self._exported() as loaded:
+            yield from export_adapter_tensors(loaded, dtype or self.compute_dtype)
 
     def adapter_config(self) -> dict[str, Any]:
         """LoRA: the adapters' adapter_config.json (models.peft.adapter_config over the loaded dir)."""
@@ -305,13 +314,36 @@ class Trainer:
         if not is_leader():
             deque(self.adapter_tensors(dtype), maxlen=0)
             return Path(out_dir)
-        return save_adapter_dir(self._bound(), out_dir, dtype=dtype or self.compute_dtype)
+        with self._exported() as loaded:
+            return save_adapter_dir(loaded, out_dir, dtype=dtype or self.compute_dtype)
 
     # -- machinery -----------------------------------------------------------------------------
 
     def _bound(self) -> LoadedModel:
-        nnx.update(self.loaded.model, self.state.params)
-        return self.loaded
+        """The loaded model (tunix's per-layer tree) on the current parameters and frozen base. With stacked
+        layers its layers are slices of the stored ones: a copy on the devices while the model holds them
+        (`model`, for tests and tools; the exports free it: _exported)."""
+        return self._bind()[0]
+
+    def _bind(self) -> tuple[LoadedModel, list[jax.Array]]:
+        """_bound, and the arrays it made (the per-layer slices)."""
+        stored = (self.state.params, *self._frozen)
+        states = tuple(per_layer(state, self._num_layers) for state in stored) if self._num_layers else stored
+        for state in states:
+            nnx.update(self.loaded.model, state)
+        kept = {id(x) for x in jax.tree.leaves(stored)}
+        return self.loaded, [x for x in jax.tree.leaves(states) if id(x) not in kept]
+
+    @contextlib.contextmanager
+    def _exported(self) -> Iterator[LoadedModel]:
+        """_bound for one export, the per-layer copy freed after it (a step at the edge of the device's memory
+        must not find it still held)."""
+        loaded, made = self._bind()
+        try:
+            yield loaded
+        finally:
+            for x in made:
+                x.delete()
 
     def rl_row_multiple(self, row_tokens: int) -> int:
         """Rows of an rl batch of `row_tokens`-token rows come in multiples of this: one micro-batch's rows
