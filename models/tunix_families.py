@@ -281,6 +281,8 @@ class _HiddenAndUnembed:
             first = jax.tree.map(lambda value: value[0], stacked)
             x = x.astype(jax.eval_shape(run, first, x, sin, cos, segment_ids).dtype)
             x, _ = jax.lax.scan(lambda h, state: (run(state, h, sin, cos, segment_ids), None), x, stacked)
+        elif isinstance(self.layers, StackedLayers):
+            raise ValueError("layers stored stacked (models.stacked_layers) run under scan_layers only")
         else:  # unrolled; without remat on the modules themselves (qwix creates LoRA adapters on them so)
             for layer in self.layers:
                 if self.remat_policy == "none":
