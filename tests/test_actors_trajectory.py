@@ -15,6 +15,7 @@ from learner.service.group_validation import GroupLimits, parse_group
 from models.tokenizer import build_char_tokenizer, build_chatml_tokenizer
 from rewards.environments import Step
 from rewards.spec import EnvironmentSpec
+from tandem_wire import WIRE_VERSION
 from tandem_wire import tandem_pb2 as pb
 
 
@@ -63,7 +64,7 @@ def test_two_turns_give_the_templates_rendering_of_the_whole_conversation(tokeni
     assert trajectory.turns[0].observation_tokens == len(ids) and trajectory.turns[1].observation_tokens == 0
     assert trajectory.logprobs[first:first + len(ids)] == [0.0] * len(ids)
 
-    message = pb.ScoredGroup(wire_version=pb.WIRE_VERSION_1, group_id="g", actor_id="a", policy_version=3,
+    message = pb.ScoredGroup(wire_version=WIRE_VERSION, group_id="g", actor_id="a", policy_version=3,
                              prompt_token_ids=prompt, completions=[trajectory.completion()])
     record = parse_group(message, GroupLimits(latest_version=4, vocab_size=len(tokenizer)))
     [completion] = record.completions
@@ -107,7 +108,7 @@ def test_a_template_that_rewrites_earlier_turns_starts_a_new_sample_from_the_con
                                           {"role": "assistant", "content": "34"}])
     assert trajectory.context == whole[:len(trajectory.context)]  # the sample is what the template renders
 
-    message = pb.ScoredGroup(wire_version=pb.WIRE_VERSION_1, group_id="g", actor_id="a", policy_version=3,
+    message = pb.ScoredGroup(wire_version=WIRE_VERSION, group_id="g", actor_id="a", policy_version=3,
                              prompt_token_ids=prompt, completions=[trajectory.completion()])
     limits = GroupLimits(latest_version=4, vocab_size=len(tokenizer), max_sequence_tokens=len(prompt) + 64)
     [completion] = parse_group(message, limits).completions
