@@ -68,6 +68,7 @@ class SamplingSpec:
     max_tokens: int = 32
     stop_token_ids: list[int] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False  # every completion runs to max_tokens (benchmarks of fixed lengths)
 
 
 @dataclass
@@ -85,7 +86,7 @@ class Sample:
 class InFlightUpdate:
     """What one in-flight weight update cost: the seconds sampling was paused (pause, load, resume) and the
     KV the groups in flight lost (their prompt and sampled tokens, recomputed on the new weights by the
-    next engine steps, whose time is ``recompute_s`` once they ran; see ``update_in_flight``)."""
+    next engine steps, timed in ``RolloutEngine.recompute_s``; see ``update_in_flight``)."""
 
     stall_s: float
     sequences: int  # sequences in flight at the update (children of a group counted one by one)
@@ -185,8 +186,8 @@ class RolloutEngine:
         self._request_counter = itertools.count()
         self.aborted_tokens = 0  # completion tokens discarded by abort_all since the engine started
         self.recomputed_tokens = 0  # KV recomputed after in-flight updates since the engine started
-        self.recompute_s = 0.0  # seconds of the first engine step after each in-flight update (its prefill)
-        self._recompute_pending = False
+        self.recompute_s = 0.0  # seconds of the engine steps that recomputed it (see update_in_flight)
+        self._recomputing: set[str] = set()  # vLLM ids of the requests whose KV is still being recomputed
         self.label_version(0)  # the HF dir's weights; vLLM labels every token it samples with it
 
     def label_version(self, version: int) -> None:
@@ -239,9 +240,9 @@ class RolloutEngine:
         finished: list[tuple[str, list[Sample]]] = []
         start = time.perf_counter()
         outputs = self.llm.llm_engine.step()
-        if self._recompute_pending:
+        if self._recomputing:
             self.recompute_s += time.perf_counter() - start
-            self._recompute_pending = False
+            self._recomputing = self._still_recomputing()
         for output in outputs:
             # FINAL_ONLY: vLLM reports a group once, when its last child finishes, with all n outputs
             if not output.finished:
@@ -358,7 +359,8 @@ class RolloutEngine:
         the new weights. Every token sampled after the update then comes from exactly the new policy (its
         logprobs equal a fresh engine's on the same prefix), where PipelineRL's kept KV would mix old keys
         and values into it. The price: those tokens' prefill, counted in ``recomputed_tokens`` and timed
-        in ``recompute_s`` (measured in docs/benchmarks.md)."""
+        in ``recompute_s``: every engine step from the update until each frozen request decodes again, which
+        holds the other requests' decoding too (measured in docs/benchmarks.md)."""
         if self.lora is not None:
             raise WeightSetError("rejected weight set: this engine serves LoRA adapters (load_adapter)")
         core = self.llm.llm_engine.engine_core.engine_core  # the in-process EngineCore (checked in __init__)
@@ -371,8 +373,16 @@ class RolloutEngine:
         finally:
             core.resume_scheduler()
         self.recomputed_tokens += tokens
-        self._recompute_pending = bool(self._requests)
+        self._recomputing = {request.request_id for request in running}
         return InFlightUpdate(time.perf_counter() - start, len(running), tokens)
+
+    def _still_recomputing(self) -> set[str]:
+        """The requests frozen by the last in-flight update that have not all their KV back yet: vLLM prefills
+        them in chunks of its token budget, so the recompute may span several steps (vLLM internals: the
+        scheduler's requests and their computed tokens; a finished request is gone from them)."""
+        requests = self.llm.llm_engine.engine_core.engine_core.scheduler.requests
+        return {rid for rid in self._recomputing
+                if rid in requests and requests[rid].num_computed_tokens < requests[rid].num_tokens - 1}
 
     def _reload(self, checked: CheckedWeights, version: int | None) -> None:
         self.llm.collective_rpc("tandem_reload_weights", args=(list(checked.tensors.items()),))
@@ -442,6 +452,7 @@ def _sampling_params(sampling: SamplingSpec):
             max_tokens=sampling.max_tokens,
             stop_token_ids=list(sampling.stop_token_ids),
             stop=list(sampling.stop),
+            ignore_eos=sampling.ignore_eos,
             logprobs=0,  # only the sampled token's logprob
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
