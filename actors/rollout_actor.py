@@ -355,8 +355,8 @@ class RolloutActor:
         """Async mode: keep up to prompts_per_batch groups in the engine, stepping it one step at a
         time; each group is scored the moment its last completion finishes and sent once scored, and
         freed room is leased again (once half the batch is free, or the engine is empty), so nothing
-        waits for the longest completion of a batch. A new weight version waiting to be loaded stops
-        the leasing until the engine has drained (``_load_when_drained``)."""
+        waits for the longest completion of a batch. Under weight_update=abort, a new weight version
+        waiting to be loaded stops the leasing until the engine has drained (``_load_when_drained``)."""
         batch = self.config.prompts_per_batch
         ask_after = 0.0  # monotonic time before which the learner told us not to ask again
         exhausted = False
