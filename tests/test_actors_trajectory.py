@@ -71,6 +71,26 @@ def test_two_turns_give_the_templates_rendering_of_the_whole_conversation(tokeni
     assert completion.reward == 1.0 and completion.text == "5834"
     assert completion.loss_mask.tolist() == [1.0] * first + [0.0] * len(ids) + [1.0] * 3
     assert [(t.policy_version, t.reward) for t in completion.turns] == [(3, None), (4, 1.0)]
+    assert completion.versions == [3] * (first + len(ids)) + [4] * 3
+
+
+def test_a_turn_continued_across_a_weight_load_carries_each_tokens_version(tokenizer):
+    """weight_update=keep: version 5 loads while the second turn is sampled; the turn is as old as its oldest
+    token, the observation before it carries the first turn's version, and the learner takes the versions."""
+    renderer = ObservationRenderer(tokenizer)
+    prompt, trajectory = _after_first_turn(tokenizer)
+    ids = renderer.continuation(trajectory.messages, FEEDBACK, trajectory.token_ids[-1])
+    trajectory.add_observation(FEEDBACK, ids)
+    second = _sampled(tokenizer, "34")
+    second.versions = [4, 5, 5]
+    trajectory.add_turn(second, version=4)
+    trajectory.turns[-1].reward = 1.0
+    message = pb.ScoredGroup(wire_version=WIRE_VERSION, group_id="g", actor_id="a", policy_version=3,
+                             prompt_token_ids=prompt, completions=[trajectory.completion()])
+    [completion] = parse_group(message, GroupLimits(latest_version=5, vocab_size=len(tokenizer))).completions
+    first = trajectory.turns[0].sampled_tokens
+    assert completion.versions == [3] * (first + len(ids)) + [4, 5, 5]
+    assert [t.policy_version for t in completion.turns] == [3, 4]
 
 
 class _RewritingTemplate:
