@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from models.peft import LoraConfig
@@ -43,9 +45,14 @@ class EngineSettings(BaseModel):
     idle_poll_s: float = Field(0.2, gt=0, description="wait when the learner has no prompt to lease and sends "
                                                      "no retry hint")
     weight_retry_s: float = Field(5.0, ge=0, description="wait before re-fetching a failed transfer")
-    weight_drain_steps: int = Field(64, ge=0, description="async: engine steps a new weight version waits for the "
-                                                         "groups in flight to finish before it aborts the rest "
-                                                         "(sampled again on the new weights)")
+    weight_update: Literal["keep", "abort"] = Field(
+        "abort", description="async, full weights: how a new version meets the groups in flight. keep: they "
+                             "continue on it (vLLM's pause in keep mode; their KV recomputed; each token carries "
+                             "the version that sampled it); abort: they drain for weight_drain_steps engine "
+                             "steps, then the rest is aborted and sampled again on it (docs/design.md)")
+    weight_drain_steps: int = Field(64, ge=0, description="async, weight_update=abort: engine steps a new weight "
+                                                         "version waits for the groups in flight to finish before "
+                                                         "it aborts the rest (sampled again on the new weights)")
     weight_relay: bool = Field(True, description="relay the weight versions this actor streams to the actors the "
                                                  "learner sends to it, so the learner sends each version once "
                                                  "(server.weight_relay_fanout; off for a TLS learner)")

@@ -8,9 +8,13 @@ the model is touched, so a bad version leaves the old weights serving.
 Sampling is streaming: ``submit`` adds one prompt's group to the running batch and ``poll`` runs one
 engine step and returns the groups whose ``n`` completions have all finished, so a short group is not
 held back by the longest one in its batch and new prompts join between steps. ``generate`` is a thin
-wrapper over the same two calls. Full weights change only between steps with nothing in flight
-(abort-and-resample: ``abort_all``, ``load_weights``, submit again), so every token of a group comes
-from one weight version and its behaviour logprobs are the ones that produced it.
+wrapper over the same two calls. Full weights change between two steps in one of two ways:
+abort-and-resample (``abort_all``, ``load_weights``, submit again: every token of a group comes from one
+version, the aborted tokens are lost) or in flight (``update_in_flight``: vLLM's pause in ``keep`` mode,
+the load, resume; the groups in flight continue on the new weights and no sampled token is lost). Either
+way each completion token carries the version that sampled it (``Sample.versions``, from vLLM's own
+per-token ``weight_versions`` spans, labelled by ``set_weight_version``) and the behaviour logprob of the
+distribution it was drawn from.
 
 With LoRA (``lora``), vLLM serves the base from ``hf_dir`` and each weight version is an adapter
 (``load_adapter``; actors/weights/adapters.py names, keeps and unloads them): a new version loads
@@ -64,6 +68,7 @@ class SamplingSpec:
     max_tokens: int = 32
     stop_token_ids: list[int] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False  # every completion runs to max_tokens (benchmarks of fixed lengths)
 
 
 @dataclass
@@ -74,6 +79,18 @@ class Sample:
     logprobs: list[float]
     finish_reason: str  # "stop" | "length" | "abort"
     text: str
+    versions: list[int] = field(default_factory=list)  # the weight version that sampled each token
+
+
+@dataclass(frozen=True)
+class InFlightUpdate:
+    """What one in-flight weight update cost: the seconds sampling was paused (pause, load, resume) and the
+    KV the groups in flight lost (their prompt and sampled tokens, recomputed on the new weights by the
+    next engine steps, timed in ``RolloutEngine.recompute_s``; see ``update_in_flight``)."""
+
+    stall_s: float
+    sequences: int  # sequences in flight at the update (children of a group counted one by one)
+    tokens_recomputed: int
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,7 @@ class _InFlight:
     internal_id: str
     n: int
     adapter: int = 0
+    version: int = 0  # the version served at submission: an adapter group's tokens all carry it
 
 
 def vllm_lora_rank(rank: int) -> int:
@@ -167,6 +185,17 @@ class RolloutEngine:
         self._keys_in_flight: set[str] = set()
         self._request_counter = itertools.count()
         self.aborted_tokens = 0  # completion tokens discarded by abort_all since the engine started
+        self.recomputed_tokens = 0  # KV recomputed after in-flight updates since the engine started
+        self.recompute_s = 0.0  # seconds of the engine steps that recomputed it (see update_in_flight)
+        self._recomputing: set[str] = set()  # vLLM ids of the requests whose KV is still being recomputed
+        self.label_version(0)  # the HF dir's weights; vLLM labels every token it samples with it
+
+    def label_version(self, version: int) -> None:
+        """Name the weights the engine serves: vLLM attaches the label to the tokens each step samples
+        (``CompletionOutput.weight_versions``), which is where ``Sample.versions`` comes from (an adapter
+        group's from the version it was submitted with: it keeps that adapter to its end)."""
+        self.llm.llm_engine.set_weight_version(str(version))
+        self._label = version
 
     @property
     def max_prompt_len(self) -> int:
@@ -198,7 +227,8 @@ class RolloutEngine:
         internal_id = self.llm.llm_engine.add_request(
             request_id, TokensPrompt(prompt_token_ids=list(prompt)), params, lora_request=adapter)
         self._requests[request_id] = _InFlight(key=key, internal_id=internal_id, n=sampling.n,
-                                               adapter=adapter.lora_int_id if adapter is not None else 0)
+                                               adapter=adapter.lora_int_id if adapter is not None else 0,
+                                               version=self._label)
         self._keys_in_flight.add(key)
 
     def poll(self) -> list[tuple[str, list[Sample]]]:
@@ -208,7 +238,12 @@ class RolloutEngine:
         if not self._requests:
             return []
         finished: list[tuple[str, list[Sample]]] = []
-        for output in self.llm.llm_engine.step():
+        start = time.perf_counter()
+        outputs = self.llm.llm_engine.step()
+        if self._recomputing:
+            self.recompute_s += time.perf_counter() - start
+            self._recomputing = self._still_recomputing()
+        for output in outputs:
             # FINAL_ONLY: vLLM reports a group once, when its last child finishes, with all n outputs
             if not output.finished:
                 continue
@@ -220,7 +255,11 @@ class RolloutEngine:
             if len(output.outputs) != group.n:
                 raise RuntimeError(f"group {group.key!r}: vLLM returned {len(output.outputs)} "
                                    f"completions, expected {group.n}")
-            finished.append((group.key, [_to_sample(c) for c in output.outputs]))
+            samples = [_to_sample(c) for c in output.outputs]
+            if group.adapter:
+                for sample in samples:
+                    sample.versions = [group.version] * len(sample.token_ids)
+            finished.append((group.key, samples))
         if finished:
             self._unload_adapters()
         return finished
@@ -285,23 +324,70 @@ class RolloutEngine:
         validate_weight_set(self.expected_tensors, named, nonfinite)
         return CheckedWeights(named)
 
-    def load_weights(self, weights: CheckedWeights | Iterable[tuple[str, np.ndarray]]) -> float:
-        """Apply a full weight set in place; returns the seconds generation was stalled.
+    def load_weights(self, weights: CheckedWeights | Iterable[tuple[str, np.ndarray]], version: int | None = None
+                     ) -> float:
+        """Apply a full weight set in place with nothing in flight; returns the seconds generation was stalled.
 
         All-or-nothing: a set not checked yet is checked first (``check_weights``), and a
         WeightSetError leaves the current weights untouched. Refuses while groups are in flight
-        (``abort_all`` first): a group must not mix weight versions.
+        (``abort_all`` first, or ``update_in_flight``). `version` labels the tokens sampled from now on.
         """
         if self._requests:
             raise RuntimeError(f"load_weights with {len(self._requests)} group(s) in flight: "
-                               f"abort_all first and resubmit after the load")
+                               f"abort_all first and resubmit after the load, or update_in_flight")
         start = time.perf_counter()
         checked = weights if isinstance(weights, CheckedWeights) else self.check_weights(weights)
-        self.llm.collective_rpc("tandem_reload_weights", args=(list(checked.tensors.items()),))
+        self._reload(checked, version)
         if not self.llm.reset_prefix_cache():
             # cached KV of the old weights would be reused by the next prompts with the same prefix
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight load")
         return time.perf_counter() - start
+
+    def update_in_flight(self, weights: CheckedWeights, version: int) -> InFlightUpdate:
+        """Load a checked full weight set with groups in flight, which continue on it (partial rollouts).
+
+        vLLM's own phases, as ``AsyncLLM`` runs them: ``pause_scheduler(mode="keep", clear_cache=True)``
+        freezes the requests in flight, the weights load, the label becomes `version`, and
+        ``resume_scheduler`` lets the frozen requests go on. The sync ``LLMEngine`` this project drives has
+        no ``pause_generation`` / ``start_weight_update`` of its own, and vLLM's weight-transfer engines
+        (``update_weights``) speak NCCL or CUDA IPC, not this project's checked, digest-verified transports:
+        so the pause and resume are the in-process EngineCore's, called between two ``step()``s (nothing
+        runs in between), and the load is ``tandem_reload_weights``, as in ``load_weights``.
+
+        The KV cache of the frozen requests is recomputed, not kept: ``clear_cache`` preempts every
+        running request and frees its blocks, and the next step prefills its prompt and sampled tokens on
+        the new weights. Every token sampled after the update then comes from exactly the new policy (its
+        logprobs equal a fresh engine's on the same prefix), where PipelineRL's kept KV would mix old keys
+        and values into it. The price: those tokens' prefill, counted in ``recomputed_tokens`` and timed
+        in ``recompute_s``: every engine step from the update until each frozen request decodes again, which
+        holds the other requests' decoding too (measured in docs/benchmarks.md)."""
+        if self.lora is not None:
+            raise WeightSetError("rejected weight set: this engine serves LoRA adapters (load_adapter)")
+        core = self.llm.llm_engine.engine_core.engine_core  # the in-process EngineCore (checked in __init__)
+        start = time.perf_counter()
+        running = list(core.scheduler.running)
+        tokens = sum(request.num_computed_tokens for request in running)
+        core.pause_scheduler(mode="keep", clear_cache=True)
+        try:
+            self._reload(weights, version)
+        finally:
+            core.resume_scheduler()
+        self.recomputed_tokens += tokens
+        self._recomputing = {request.request_id for request in running}
+        return InFlightUpdate(time.perf_counter() - start, len(running), tokens)
+
+    def _still_recomputing(self) -> set[str]:
+        """The requests frozen by the last in-flight update that have not all their KV back yet: vLLM prefills
+        them in chunks of its token budget, so the recompute may span several steps (vLLM internals: the
+        scheduler's requests and their computed tokens; a finished request is gone from them)."""
+        requests = self.llm.llm_engine.engine_core.engine_core.scheduler.requests
+        return {rid for rid in self._recomputing
+                if rid in requests and requests[rid].num_computed_tokens < requests[rid].num_tokens - 1}
+
+    def _reload(self, checked: CheckedWeights, version: int | None) -> None:
+        self.llm.collective_rpc("tandem_reload_weights", args=(list(checked.tensors.items()),))
+        if version is not None:
+            self.label_version(version)
 
     def load_adapter(self, adapter: CheckedAdapter) -> float:
         """Load a checked adapter version beside the groups in flight (they keep theirs) and make it the one
@@ -310,6 +396,7 @@ class RolloutEngine:
             raise WeightSetError("rejected adapter version: this engine serves full weights (model.lora unset)")
         start = time.perf_counter()
         self.adapters.load(adapter.version, adapter.config, adapter.tensors, self._adapters_in_flight())
+        self.label_version(adapter.version)
         return time.perf_counter() - start
 
     @property
@@ -365,6 +452,7 @@ def _sampling_params(sampling: SamplingSpec):
             max_tokens=sampling.max_tokens,
             stop_token_ids=list(sampling.stop_token_ids),
             stop=list(sampling.stop),
+            ignore_eos=sampling.ignore_eos,
             logprobs=0,  # only the sampled token's logprob
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
@@ -397,4 +485,17 @@ def _to_sample(completion) -> Sample:
         raise RuntimeError(f"vLLM returned {len(steps)} logprobs for {len(token_ids)} tokens")
     logprobs = [float(step[tok].logprob) for tok, step in zip(token_ids, steps, strict=True)]
     return Sample(token_ids=token_ids, logprobs=logprobs, finish_reason=completion.finish_reason or "abort",
-                  text=completion.text)
+                  text=completion.text, versions=_token_versions(completion.weight_versions, len(token_ids)))
+
+
+def _token_versions(spans, num_tokens: int) -> list[int]:
+    """vLLM's weight-version spans (``WeightVersionSpan``: tokens [start, end) sampled by weights labelled
+    ``version``) as one version per token; they must tile the completion."""
+    versions: list[int] = []
+    for span in spans or []:
+        if span.start != len(versions) or span.end < span.start:
+            raise RuntimeError(f"vLLM's weight-version spans do not tile the completion: {spans}")
+        versions += [int(span.version)] * (span.end - span.start)
+    if len(versions) != num_tokens:
+        raise RuntimeError(f"vLLM labelled {len(versions)} of {num_tokens} tokens with a weight version")
+    return versions

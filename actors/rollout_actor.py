@@ -10,21 +10,22 @@ longest completion of a batch.
 
 Threads: ``run()`` is the sampling loop. A weights thread watches the learner's latest version,
 downloads and checks a new version *while the engine keeps sampling*, then it is applied between
-two engine steps. An idle engine loads it at once. A busy one (async mode) stops taking new prompts
-and drains: the groups in flight finish on the weights they started with, and the version is loaded
-when none is left, or after ``weight_drain_steps`` engine steps, when the rest are aborted and
-sampled again on the new weights (their tokens counted in ``tokens_aborted``); an actor blocked on
-the learner's credits does not step its engine, so nothing drains, and loads it at once. Either way
-every group comes from one version and carries the behaviour logprobs that produced it; its
-``policy_version`` is that version, exact for the learner's staleness rule and importance ratios.
-(The alternative, PipelineRL's in-flight update, keeps the tokens and records a version per token;
-with completions as short as these, draining costs a few steps, wastes nothing, and keeps the wire
-format and the loss unchanged; measured in the README.) A version that fails its transfer or
-validation is reported and the actor keeps serving the one it has. The swap's state (what is
-pending, when it is due, what was rejected) is ``actors.weights.pending.PendingWeights``: the threads
-tell it what happened (a version fetched, an engine step, a credit wait) and load what it says is
-due (``_swap``). A heartbeat thread reports liveness, version and throughput until ``stop()``, also
-after ``run()`` returned (an idle actor is alive, not dead).
+two engine steps. An idle engine loads it at once. A busy one (async mode) follows
+``rollout.weight_update``. ``keep`` (PipelineRL's and AReaL's in-flight update): it is loaded at once,
+the groups in flight continue on it (RolloutEngine.update_in_flight: vLLM's pause in keep mode, their KV
+recomputed on the new weights) and no sampled token is lost. ``abort``: the actor stops taking new
+prompts and drains: the groups in flight finish on the weights they started with, and the version is
+loaded when none is left, or after ``weight_drain_steps`` engine steps, when the rest are aborted and
+sampled again on the new weights (their tokens counted in ``tokens_aborted``); an actor blocked on the
+learner's credits does not step its engine, so nothing drains, and loads it at once. Either way every
+token carries the version that sampled it and the behaviour logprob of the distribution it was drawn
+from; a group's ``policy_version`` is its oldest token's, which the learner's staleness rule counts. A
+version that fails its transfer or validation is reported and the actor keeps serving the one it has.
+The swap's state (what is pending, when it is due, what was rejected) is
+``actors.weights.pending.PendingWeights``: the threads tell it what happened (a version fetched, an
+engine step, a credit wait) and load what it says is due (``_swap``). A heartbeat thread reports
+liveness, version and throughput until ``stop()``, also after ``run()`` returned (an idle actor is
+alive, not dead).
 
 Synchronous mode (``ActorConfig.sync``, with the learner's ``max_staleness=0``): the actor samples
 whole batches, and the lease budget with η = 0 paces it: after a batch sampled with version v it is
@@ -107,7 +108,7 @@ class _InEngine:
     """A leased prompt whose group the engine is sampling."""
 
     lease: Prompt
-    version: int  # the weights it is sampled with (a weight load aborts and resubmits it)
+    version: int  # the weights served when it was submitted (its tokens carry their own, Sample.versions)
     sampled_at: float  # wall clock at submission
     started: float  # perf_counter at submission
 
@@ -258,6 +259,8 @@ class RolloutActor:
             transfer_seconds=tuple(u.transfer_s for u in c.weight_updates),
             weight_rejections=c.weight_rejections,
             tokens_aborted=self.engine.aborted_tokens,
+            tokens_recomputed=self.engine.recomputed_tokens,
+            recompute_seconds=self.engine.recompute_s,
             generate_seconds=c.generate_seconds,
             credit_wait_seconds=self._credit_wait.seconds(),
             prompt_wait_seconds=self._prompt_wait.seconds(),
@@ -352,8 +355,8 @@ class RolloutActor:
         """Async mode: keep up to prompts_per_batch groups in the engine, stepping it one step at a
         time; each group is scored the moment its last completion finishes and sent once scored, and
         freed room is leased again (once half the batch is free, or the engine is empty), so nothing
-        waits for the longest completion of a batch. A new weight version waiting to be loaded stops
-        the leasing until the engine has drained (``_load_when_drained``)."""
+        waits for the longest completion of a batch. Under weight_update=abort, a new weight version
+        waiting to be loaded stops the leasing until the engine has drained (``_load_when_drained``)."""
         batch = self.config.prompts_per_batch
         ask_after = 0.0  # monotonic time before which the learner told us not to ask again
         exhausted = False
@@ -426,8 +429,8 @@ class RolloutActor:
             [scores] = self.scorer.gather([scoring.ref])
             sampled = scoring.sampled
             self._send(scored_group(
-                group_id=sampled.lease.group_id, actor_id=self.actor_id, policy_version=sampled.version,
-                prompt_ids=sampled.lease.prompt_ids, samples=scoring.samples, scores=scores,
+                group_id=sampled.lease.group_id, actor_id=self.actor_id, prompt_ids=sampled.lease.prompt_ids,
+                samples=scoring.samples, scores=scores,
                 metadata=sampled.lease.metadata, sample_seconds=scoring.sample_s,
                 score_seconds=time.perf_counter() - scoring.score_started, sampled_at=sampled.sampled_at))
             self.counters.groups_sent += 1
@@ -491,7 +494,6 @@ class RolloutActor:
             return
         sampled_at = time.time()
         with self._engine_lock:
-            version = self.version  # the weights these samples come from
             start = time.perf_counter()
             self._generating_since = time.monotonic()
             try:
@@ -509,8 +511,8 @@ class RolloutActor:
         score_s = time.perf_counter() - start
         for lease, samples, scores in zip(fits, groups, all_scores, strict=True):
             self._send(scored_group(
-                group_id=lease.group_id, actor_id=self.actor_id, policy_version=version,
-                prompt_ids=lease.prompt_ids, samples=samples, scores=scores, metadata=lease.metadata,
+                group_id=lease.group_id, actor_id=self.actor_id, prompt_ids=lease.prompt_ids,
+                samples=samples, scores=scores, metadata=lease.metadata,
                 sample_seconds=sample_s / len(fits), score_seconds=score_s / len(fits),
                 sampled_at=sampled_at))
             self.counters.groups_sent += 1
@@ -583,9 +585,11 @@ class RolloutActor:
             self._reject(staged.version, str(error), time.perf_counter() - start, retry_after_s=float("inf"))
             return
         fetched = _Fetched(checked, time.perf_counter() - start, apply)
-        # sync mode never holds groups in the engine between two locked calls: always loaded at once; an
-        # adapter loads beside the groups in flight (they keep theirs), so it is due at once too
-        self._swap(lambda: self._weights.offer(staged.version, fetched, self.engine.in_flight if apply.drains else 0))
+        # sync mode never holds groups in the engine between two locked calls: always loaded at once; under
+        # weight_update=keep, and for an adapter (it loads beside the groups in flight, which keep theirs), the
+        # groups in flight go on sampling, so it is due at once too
+        drains = apply.drains and self.config.weight_update == "abort"
+        self._swap(lambda: self._weights.offer(staged.version, fetched, self.engine.in_flight if drains else 0))
 
     def _load_when_drained(self) -> None:
         """After an engine step (streaming): the pending version is loaded once the groups in flight
@@ -607,9 +611,15 @@ class RolloutActor:
             due = self._weights.due()
             if due is None:
                 return
-            with (self._idle_clock.running(),
-                  self._engine_paused() if due.staged.applier.drains else contextlib.nullcontext()):
-                stall_s = due.staged.applier.load(self.engine, due.staged.weights)
+            apply, weights = due.staged.applier, due.staged.weights
+            with self._idle_clock.running():
+                if apply.drains and self.config.weight_update == "abort":
+                    with self._engine_paused():
+                        stall_s = apply.load(self.engine, weights, due.version)
+                elif self.engine.in_flight:
+                    stall_s = apply.load_in_flight(self.engine, weights, due.version)
+                else:
+                    stall_s = apply.load(self.engine, weights, due.version)
                 self._weights.loaded(due.version)
         transfer_s = due.staged.transfer_s
         self.counters.weight_updates.append(WeightUpdate(due.version, transfer_s, stall_s))

@@ -43,6 +43,10 @@ class ActorStats:
     """versions it fetched but did not apply (transfer or validation failed)"""
     tokens_aborted: int
     """completion tokens thrown away: groups in flight when a new version was loaded are sampled again"""
+    tokens_recomputed: int
+    """weight_update=keep: prompt and sampled tokens whose KV was recomputed on a version loaded in flight"""
+    recompute_seconds: float
+    """weight_update=keep: seconds of the first engine step after each in-flight load (it holds the recompute)"""
     generate_seconds: float
     """time spent inside engine steps"""
     credit_wait_seconds: float

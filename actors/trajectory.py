@@ -91,6 +91,7 @@ class Trajectory:
     messages: list[dict[str, str]]  # the conversation so far, for the template's prefix check
     token_ids: list[int] = field(default_factory=list)  # everything after the prompt
     logprobs: list[float] = field(default_factory=list)  # 0 on observation tokens
+    versions: list[int] = field(default_factory=list)  # each token's weight version (observations: the last turn's)
     texts: list[str] = field(default_factory=list)  # each turn's sampled text
     turns: list[TurnRecord] = field(default_factory=list)
     finish_reason: str = ""  # of the last turn: "stop" | "length" | "abort"
@@ -118,12 +119,16 @@ class Trajectory:
         return sum(turn.reward or 0.0 for turn in self.turns)
 
     def add_turn(self, sample: Sample, version: int) -> None:
-        """The engine's sampled tokens for the next turn, with their behaviour logprobs."""
+        """The engine's sampled tokens for the next turn, with their behaviour logprobs and versions (`version`,
+        the one served when the turn was submitted, for a sample the engine did not label); the turn's version
+        is its oldest token's (a version loaded in flight moves the rest of the turn to it)."""
         starts_sample = self.sample_prompt is not None and self.sample_start == len(self.token_ids)
-        self.turns.append(TurnRecord(len(sample.token_ids), 0, version,
-                                   context_ids=list(self.sample_prompt) if starts_sample else []))
+        versions = sample.versions or [version] * len(sample.token_ids)
+        self.turns.append(TurnRecord(len(sample.token_ids), 0, min(versions),
+                                     context_ids=list(self.sample_prompt) if starts_sample else []))
         self.token_ids += sample.token_ids
         self.logprobs += sample.logprobs
+        self.versions += versions
         self.texts.append(sample.text)
         self.messages.append({"role": "assistant", "content": sample.text})
         self.finish_reason = sample.finish_reason
@@ -132,6 +137,7 @@ class Trajectory:
         """The environment's answer to the last turn, as the ids that continue the context (loss mask 0)."""
         self.token_ids += ids
         self.logprobs += [0.0] * len(ids)
+        self.versions += self.versions[-1:] * len(ids)
         self.messages += [dict(message) for message in observation]
         self.turns[-1].observation_tokens = len(ids)
 
@@ -202,7 +208,8 @@ class Trajectory:
         """The trajectory on the wire: every token after the prompt, its turns, and the summed reward
         (or why it has none)."""
         message = pb.Completion(token_ids=self.token_ids, logprobs=self.logprobs,
-                                finish_reason=FINISH_REASONS[self.finish_reason], text="".join(self.texts))
+                                finish_reason=FINISH_REASONS[self.finish_reason], text="".join(self.texts),
+                                token_versions=self.versions)
         for turn in self.turns:
             turn.add_to(message)
         if self.unscorable_reason is None:

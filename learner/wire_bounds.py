@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from tandem_wire import WIRE_VERSION
 from tandem_wire.limits import MAX_METADATA_ENTRIES, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS
 
 SHOWN_CHARS = 32  # how much of a refused value a detail quotes
@@ -16,6 +17,17 @@ SHOWN_CHARS = 32  # how much of a refused value a detail quotes
 
 class InvalidInput(ValueError):
     """A message field outside its bounds or rules; the message is the detail sent back."""
+
+
+def check_wire_version(version: int) -> None:
+    """Refuse a message of another wire version, saying which side is behind: an actor of wire version 1
+    sends no per-token versions (Completion.token_versions), so its groups could not be trained exactly."""
+    if version == WIRE_VERSION:
+        return
+    if 0 < version < WIRE_VERSION:
+        raise InvalidInput(f"wire_version {version} is older than this learner's {WIRE_VERSION}: update the actor "
+                           "(since wire version 2 every completion carries the weight version of each token)")
+    raise InvalidInput(f"unsupported wire_version {version} (this learner speaks {WIRE_VERSION})")
 
 
 def shown(value: str) -> str:

@@ -9,7 +9,7 @@ them and CI fails if they drift. This package is named `tandem_wire`, not `proto
 from tandem_wire import tandem_pb2 as pb
 from tandem_wire import tandem_pb2_grpc as rpc
 
-WIRE_VERSION = pb.WIRE_VERSION_1
+WIRE_VERSION = pb.WIRE_VERSION_2
 
 # gRPC's 4 MiB default is too small for weight chunks; both ends set this explicitly.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024

@@ -11,6 +11,7 @@ class WireVersion(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     WIRE_VERSION_UNSPECIFIED: _ClassVar[WireVersion]
     WIRE_VERSION_1: _ClassVar[WireVersion]
+    WIRE_VERSION_2: _ClassVar[WireVersion]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -43,6 +44,7 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_FLOAT16: _ClassVar[DType]
 WIRE_VERSION_UNSPECIFIED: WireVersion
 WIRE_VERSION_1: WireVersion
+WIRE_VERSION_2: WireVersion
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -77,7 +79,7 @@ class Turn(_message.Message):
     def __init__(self, sampled_tokens: _Optional[int] = ..., observation_tokens: _Optional[int] = ..., policy_version: _Optional[int] = ..., reward: _Optional[float] = ..., context_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "finish_reason", "reward", "unscorable_reason", "text", "turns")
+    __slots__ = ("token_ids", "logprobs", "finish_reason", "reward", "unscorable_reason", "text", "turns", "token_versions")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +87,7 @@ class Completion(_message.Message):
     UNSCORABLE_REASON_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     finish_reason: FinishReason
@@ -92,7 +95,8 @@ class Completion(_message.Message):
     unscorable_reason: str
     text: str
     turns: _containers.RepeatedCompositeFieldContainer[Turn]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., reward: _Optional[float] = ..., unscorable_reason: _Optional[str] = ..., text: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ...) -> None: ...
+    token_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., reward: _Optional[float] = ..., unscorable_reason: _Optional[str] = ..., text: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., token_versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("sample_seconds", "score_seconds", "sampled_at")

@@ -64,7 +64,7 @@ def recorded_group(lease, version: int):
                            timings=pb.Timings(sample_seconds=0.1, score_seconds=0.01))
     for i in range(GROUP_SIZE):
         n = int(rng.integers(1, 5))
-        group.completions.add(token_ids=rng.integers(5, 15, n).tolist(),
+        group.completions.add(token_ids=rng.integers(5, 15, n).tolist(), token_versions=[version] * n,
                               logprobs=(-rng.uniform(0.2, 3.0, n)).tolist(), finish_reason=pb.FINISH_REASON_STOP,
                               text="x", reward=float((i + seed) % 2))
     return group
@@ -133,6 +133,7 @@ def replay(address: str, stop: threading.Event, checksums: dict[int, str], abort
                                        metadata=lease.metadata, timings=pb.Timings(sample_seconds=0.1))
                 for c in g["completions"]:
                     group.completions.add(token_ids=c["token_ids"], logprobs=c["logprobs"], text=c["text"],
+                                          token_versions=[g["version"]] * len(c["token_ids"]),
                                           finish_reason=getattr(pb, f"FINISH_REASON_{c['finish_reason'].upper()}"),
                                           **({"reward": c["reward"]} if c["reward"] is not None else
                                              {"unscorable_reason": c["unscorable_reason"]}))

@@ -73,7 +73,7 @@ def publish(version: int, tensors, config=None):
 
 def load(engine, staged) -> None:
     row = applier(staged.kind)
-    row.load(engine, row.check(engine, staged))
+    row.load(engine, row.check(engine, staged), staged.version)
 
 
 def test_the_peft_dir_an_actor_writes_is_the_adapter_peft_and_transformers_load(base, tmp_path):

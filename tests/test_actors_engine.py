@@ -43,7 +43,7 @@ def engine_on(engine, dirs):
         return engine
     yield load
     engine.abort_all()  # a failed streaming test may leave groups in flight, which block a load
-    engine.load_weights(load_tensors(dirs["base"]).items())
+    engine.load_weights(load_tensors(dirs["base"]).items(), version=0)
 
 
 @pytest.fixture
@@ -263,6 +263,55 @@ def test_abort_all_then_load_resamples_every_group_on_the_new_weights(engine_on,
     assert new != old
     for key, want in zip(keys, new, strict=True):
         assert [s.token_ids for s in resampled[key]] == [want, want]
+
+
+def test_update_in_flight_continues_every_group_on_each_new_version(engine_on, dirs):
+    """Three versions load while groups are in flight (vLLM's pause in keep mode): nothing is aborted, every
+    token carries the version that sampled it, and its behaviour logprob is transformers' log_softmax of that
+    version's logits given the same prompt and prefix (the KV recomputed on the new weights, not kept)."""
+    engine = engine_on("base")
+    names = ["base", "sharp_a", "sharp_b", "sharp_c"]  # version k = names[k]
+    spec = SamplingSpec(n=2, temperature=2.0, max_tokens=24)  # T = 2 flattens the sharp versions' distributions
+    keys = [f"k{i}" for i in range(len(PROMPTS))]
+    for key, prompt in zip(keys, PROMPTS, strict=True):
+        engine.submit(key, prompt, spec)
+    aborted_before, recomputed_before = engine.aborted_tokens, engine.recomputed_tokens
+    done: dict[str, list[Sample]] = {}
+    updates = []
+    for version in (1, 2, 3):
+        for _ in range(5):  # one token per child and step
+            done.update(engine.poll())
+        updates.append(engine.update_in_flight(engine.check_weights(load_tensors(dirs[names[version]]).items()),
+                                               version))
+    assert not done, "a group finished before the last update: make the test's completions longer"
+    done.update(g for groups in drain(engine) for g in groups)
+    assert engine.aborted_tokens == aborted_before
+    # a child still running at update k (after 5k steps: more than 5k tokens) had its prompt and 5k - 1 tokens
+    # in the KV cache (the last one sampled is computed by the next step), recomputed on the new weights
+    children = [(len(prompt), len(s.token_ids)) for key, prompt in zip(keys, PROMPTS, strict=True)
+                for s in done[key]]
+    running = [[(p, n) for p, n in children if n > 5 * k] for k in (1, 2, 3)]
+    assert [u.sequences for u in updates] == [len(r) for r in running]
+    assert [u.tokens_recomputed for u in updates] == [sum(p + 5 * k - 1 for p, _ in r)
+                                                      for k, r in enumerate(running, start=1)]
+    assert engine.recomputed_tokens - recomputed_before == sum(u.tokens_recomputed for u in updates)
+    assert max(n for _, n in children) > 15, "no child spans all four versions"
+    oracles = {k: hf_model(dirs[name]) for k, name in enumerate(names)}
+    for key, prompt in zip(keys, PROMPTS, strict=True):
+        for sample in done[key]:
+            assert sample.versions == [min(i // 5, 3) for i in range(len(sample.token_ids))]
+            for version, oracle in oracles.items():
+                at = [i for i, v in enumerate(sample.versions) if v == version]
+                want_lp = sampled_token_logprobs(oracle, prompt, sample.token_ids, 2.0)[at]
+                np.testing.assert_allclose(np.array(sample.logprobs)[at], want_lp, rtol=0, atol=2e-4,
+                                           err_msg=f"{key} version {version}")
+
+
+def test_tokens_carry_the_version_loaded_between_groups(engine_on, dirs):
+    engine = engine_on("base")
+    engine.load_weights(load_tensors(dirs["sharp_a"]).items(), version=7)
+    [[sample]] = engine.generate([PROMPTS[0]], SamplingSpec(n=1, max_tokens=6))
+    assert sample.versions == [7] * len(sample.token_ids)
 
 
 def test_aborted_tokens_count_finished_children_of_unfinished_groups(streaming):

@@ -1,12 +1,16 @@
 """A new weight version reaching a streaming actor whose groups are half sampled, step by step: a
 RolloutActor in this process (real vLLM engine, real learner service on loopback gRPC, real reward
-pool on Ray). It stops leasing and drains: the groups in flight finish on the weights they started
-with, then the version is loaded. With no drain allowed (weight_drain_steps=0) the groups in flight
-are aborted, their tokens counted as thrown away, and sampled again on the new weights. Either way
-every group the learner receives carries the version that produced all of its tokens, with that
-version's behaviour logprobs (checked against transformers)."""
+pool on Ray). Under rollout.weight_update=abort it stops leasing and drains: the groups in flight finish
+on the weights they started with, then the version is loaded. With no drain allowed
+(weight_drain_steps=0) the groups in flight are aborted, their tokens counted as thrown away, and sampled
+again on the new weights. Either way every group the learner receives carries the version that produced
+all of its tokens, with that version's behaviour logprobs (checked against transformers). Under keep,
+three versions load while the groups are in flight, which continue on each: nothing is thrown away, and
+every token reaches the learner with the version that sampled it and that version's logprob."""
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import pytest
@@ -30,17 +34,25 @@ G = 4
 TEMPERATURE = 0.7
 
 
-@pytest.fixture(params=[64, 0], ids=["drain", "abort"])
-def actor_and_service(ray_session, weight_dirs, request):
-    base, sharp = weight_dirs["base"], weight_dirs["sharp_a"]
+@contextlib.contextmanager
+def _actor_and_service(weight_dirs, **config):
+    """An in-process actor over the base checkpoint (version 0) serving a learner with two prompts; the HF
+    dirs of versions 0 to 3 (base, sharp_a, sharp_b, sharp_c)."""
     pool = RewardPool(RewardSpec(functions=[WeightedReward(ref="exact_match")]), num_workers=1)
     prompts = [Prompt(chat_prompt(f"{a}+{b}"), f"{a}+{b}", {"answer": str(a + b)}) for a, b in [(12, 30), (7, 8)]]
     service = LearnerService(PromptSource(prompts, epochs=None), service_config(
         queue_capacity=8, max_staleness=1000, group_size=G, lease_seconds=60.0, vocab_size=vocab_size_for()))
-    config = actor_config(base, group_size=G, temperature=TEMPERATURE, max_tokens=12, max_model_len=64,
-                          kv_cache_gib=0.125, prompts_per_batch=2, num_cpus=0, weight_drain_steps=request.param)
+    config = actor_config(weight_dirs["base"], group_size=G, temperature=TEMPERATURE, max_model_len=64,
+                          kv_cache_gib=0.125, prompts_per_batch=2, num_cpus=0, **config)
     with in_process_actor(config, service, pool) as actor:
-        yield actor, service, {0: base, 1: sharp}
+        yield actor, service, dict(enumerate(weight_dirs[name] for name in ("base", "sharp_a", "sharp_b", "sharp_c")))
+
+
+@pytest.fixture(params=[64, 0], ids=["drain", "abort"])
+def actor_and_service(ray_session, weight_dirs, request):
+    with _actor_and_service(weight_dirs, max_tokens=12, weight_update="abort", weight_drain_steps=request.param) as (
+            actor_service_dirs):
+        yield actor_service_dirs
 
 
 def test_a_version_arriving_mid_sampling_drains_or_aborts_and_every_group_keeps_one_version(actor_and_service):
@@ -97,3 +109,42 @@ def test_a_lease_back_while_its_group_is_in_the_engine_or_being_scored_is_not_sa
     assert actor._fitting([lease]) == []  # being scored
     actor._send_scored(wait_s=60)
     assert not actor._scoring and actor.counters.groups_sent == 1
+
+
+def test_three_versions_load_while_groups_are_in_flight_and_every_token_keeps_its_version(ray_session, weight_dirs):
+    """weight_update=keep: versions 1, 2 and 3 each load a few engine steps apart while both groups are in
+    flight. No request fails or is aborted, no token is thrown away, and every token of every group the
+    learner takes carries the version that sampled it, whose logprob transformers gives on that version's
+    weights for the same prompt and prefix (the KV before an update is recomputed on the new weights)."""
+    with _actor_and_service(weight_dirs, max_tokens=40, weight_update="keep") as (actor, service, dirs):
+        actor._submit(actor.client.lease_prompts(2).prompts)
+        for version in (1, 2, 3):
+            for _ in range(3):
+                actor._step_engine()
+            assert actor.engine.in_flight == 2, "both groups must be in flight at each update"
+            service.publish_weights(version, load_tensors(dirs[version]).items())
+            actor._maybe_update_weights(version)  # what the weights thread does; keep: loaded at once
+            assert actor.version == version and actor._weights.pending_version is None
+        while actor._in_engine or actor._scoring:
+            actor._step_engine()
+            actor._send_scored(wait_s=0.05)
+        stats = actor.stats()
+        assert stats.versions_applied == (1, 2, 3) and stats.tokens_aborted == 0 and stats.groups_sent == 2
+        assert stats.tokens_recomputed > 0
+
+        records = service.next_batch(2, timeout=30)
+        assert len(records) == 2 and all(r.policy_version == 0 for r in records)
+        completions = [(r.prompt_ids, c) for r in records for c in r.completions]
+        assert all(c.finish_reason in ("stop", "length") for _, c in completions)
+        for _, c in completions:
+            # one token per engine step: the first three from version 0, the next three from 1, then 2, ...
+            assert c.versions == [min(i // 3, 3) for i in range(len(c.token_ids))]
+        assert max(len(c.token_ids) for _, c in completions) > 9, "no completion reached version 3"
+        models = {version: hf_model(path) for version, path in dirs.items()}
+        deltas = np.concatenate([
+            np.abs(np.asarray(c.logprobs)[np.asarray(c.versions) == version]
+                   - sampled_token_logprobs(models[version], prompt, c.token_ids, TEMPERATURE)[
+                       np.asarray(c.versions) == version])
+            for prompt, c in completions for version in models])
+        assert deltas.max() < 1e-3, deltas.max()
+        assert stats.tokens_generated == sum(len(c.token_ids) for _, c in completions)

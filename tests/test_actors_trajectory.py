@@ -15,6 +15,7 @@ from learner.service.group_validation import GroupLimits, parse_group
 from models.tokenizer import build_char_tokenizer, build_chatml_tokenizer
 from rewards.environments import Step
 from rewards.spec import EnvironmentSpec
+from tandem_wire import WIRE_VERSION
 from tandem_wire import tandem_pb2 as pb
 
 
@@ -63,13 +64,33 @@ def test_two_turns_give_the_templates_rendering_of_the_whole_conversation(tokeni
     assert trajectory.turns[0].observation_tokens == len(ids) and trajectory.turns[1].observation_tokens == 0
     assert trajectory.logprobs[first:first + len(ids)] == [0.0] * len(ids)
 
-    message = pb.ScoredGroup(wire_version=pb.WIRE_VERSION_1, group_id="g", actor_id="a", policy_version=3,
+    message = pb.ScoredGroup(wire_version=WIRE_VERSION, group_id="g", actor_id="a", policy_version=3,
                              prompt_token_ids=prompt, completions=[trajectory.completion()])
     record = parse_group(message, GroupLimits(latest_version=4, vocab_size=len(tokenizer)))
     [completion] = record.completions
     assert completion.reward == 1.0 and completion.text == "5834"
     assert completion.loss_mask.tolist() == [1.0] * first + [0.0] * len(ids) + [1.0] * 3
     assert [(t.policy_version, t.reward) for t in completion.turns] == [(3, None), (4, 1.0)]
+    assert completion.versions == [3] * (first + len(ids)) + [4] * 3
+
+
+def test_a_turn_continued_across_a_weight_load_carries_each_tokens_version(tokenizer):
+    """weight_update=keep: version 5 loads while the second turn is sampled; the turn is as old as its oldest
+    token, the observation before it carries the first turn's version, and the learner takes the versions."""
+    renderer = ObservationRenderer(tokenizer)
+    prompt, trajectory = _after_first_turn(tokenizer)
+    ids = renderer.continuation(trajectory.messages, FEEDBACK, trajectory.token_ids[-1])
+    trajectory.add_observation(FEEDBACK, ids)
+    second = _sampled(tokenizer, "34")
+    second.versions = [4, 5, 5]
+    trajectory.add_turn(second, version=4)
+    trajectory.turns[-1].reward = 1.0
+    message = pb.ScoredGroup(wire_version=WIRE_VERSION, group_id="g", actor_id="a", policy_version=3,
+                             prompt_token_ids=prompt, completions=[trajectory.completion()])
+    [completion] = parse_group(message, GroupLimits(latest_version=5, vocab_size=len(tokenizer))).completions
+    first = trajectory.turns[0].sampled_tokens
+    assert completion.versions == [3] * (first + len(ids)) + [4, 5, 5]
+    assert [t.policy_version for t in completion.turns] == [3, 4]
 
 
 class _RewritingTemplate:
@@ -107,7 +128,7 @@ def test_a_template_that_rewrites_earlier_turns_starts_a_new_sample_from_the_con
                                           {"role": "assistant", "content": "34"}])
     assert trajectory.context == whole[:len(trajectory.context)]  # the sample is what the template renders
 
-    message = pb.ScoredGroup(wire_version=pb.WIRE_VERSION_1, group_id="g", actor_id="a", policy_version=3,
+    message = pb.ScoredGroup(wire_version=WIRE_VERSION, group_id="g", actor_id="a", policy_version=3,
                              prompt_token_ids=prompt, completions=[trajectory.completion()])
     limits = GroupLimits(latest_version=4, vocab_size=len(tokenizer), max_sequence_tokens=len(prompt) + 64)
     [completion] = parse_group(message, limits).completions

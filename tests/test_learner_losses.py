@@ -636,3 +636,43 @@ def test_rl_loss_argument_errors():
         rl_loss(j(lp), j(behaviour), j(adv[:, :-1]), j(mask), seqs, LossConfig(), norm,
                 resolve_policy_loss(LossConfig()))
     assert dataclasses.is_dataclass(LossConfig) and LossConfig().beta == 0.0
+
+
+def test_the_loss_takes_each_tokens_own_behaviour_logprob_across_a_version_boundary():
+    """A completion continued across a weight load (rollout.weight_update=keep): its first three tokens were
+    sampled by version 2, the rest by version 3, each with the behaviour logprob μ_t of the version that drew
+    it. The packed batch carries μ_t token for token, and the loss (token TIS, the decoupled ratio) equals the
+    paper's objective with each token's own μ_t, not one version's for the whole completion."""
+    from learner.algo.rl_batch import assemble_rl_batch
+    from learner.service.group_validation import CompletionRecord, GroupRecord
+
+    mu = [-0.5, -1.0, -1.5, -2.6, -0.2, -3.0]
+    completion = CompletionRecord(token_ids=[7, 8, 9, 10, 11, 12], logprobs=mu, finish_reason="stop", reward=1.0,
+                                  unscorable_reason=None, versions=[2, 2, 2, 3, 3, 3])
+    group = GroupRecord("g", "a", 2, [1, 2, 3], [completion], {})
+    advantages = np.full(6, 1.5)  # one per completion token
+    batch, _ = assemble_rl_batch([group], [[advantages]], np.ones((1, 1)), pad_id=0, row_tokens=10)
+    tokens = np.flatnonzero(batch.completion_mask[0])
+    np.testing.assert_array_equal(tokens, np.arange(3, 9))
+    np.testing.assert_array_equal(batch.behaviour_logps[0, tokens], np.float32(mu))
+
+    rng = np.random.default_rng(3)
+    old = np.zeros((1, 10))
+    old[0, tokens] = np.array(mu) + rng.normal(0, 0.4, 6)  # the learner's π_old: near each token's own μ
+    lp = old + rng.normal(0, 0.1, old.shape)
+    behaviour, adv, mask = (np.asarray(a, np.float64) for a in (batch.behaviour_logps, batch.advantages,
+                                                                batch.completion_mask))
+    segments = batch.segment_ids.astype(np.int32)
+    config = LossConfig(algorithm="grpo", epsilon_low=EPS[0], epsilon_high=EPS[1], correction=TokenTIS(cap=2.0))
+
+    def np_loss(mu_per_token):
+        weights = np.minimum(np.exp(old - mu_per_token), 2.0)
+        per_token = weights * _clip_loss(np.exp(lp - old), adv, *EPS)
+        return (per_token * mask).sum() / mask.sum()
+
+    with jax.enable_x64(True):
+        loss, _ = ours(config, lp, old, behaviour, adv, mask, segments=segments)
+    np.testing.assert_allclose(loss, np_loss(behaviour), rtol=1e-6)
+    one_version = behaviour.copy()
+    one_version[0, tokens] = mu[0]  # as if version 2's first μ stood for the whole completion
+    assert abs(np_loss(one_version) - np_loss(behaviour)) > 0.1

@@ -31,7 +31,7 @@ def _group(lease, actor_id: str, version: int, zero_signal: bool) -> pb.ScoredGr
                            policy_version=version, prompt_token_ids=lease.prompt_ids, metadata=lease.metadata,
                            timings=pb.Timings(sample_seconds=0.1, score_seconds=0.01))
     for i in range(GROUP_SIZE):
-        group.completions.add(token_ids=[7, 8, 2], logprobs=[-1.0, -1.5, -0.5],
+        group.completions.add(token_ids=[7, 8, 2], logprobs=[-1.0, -1.5, -0.5], token_versions=[version] * 3,
                               finish_reason=pb.FINISH_REASON_STOP, text="x",
                               reward=0.0 if zero_signal else float(i % 2))
     return group

@@ -34,6 +34,7 @@ class Completion:
     logprobs: list[float]
     reward: float | None
     turns: tuple = ()
+    versions: list[int] = dataclasses.field(default_factory=list)  # empty: the group's for every token
 
     @property
     def loss_mask(self) -> np.ndarray:
@@ -68,6 +69,7 @@ def test_packed_layout_advantages_and_statistics():
         _group("a", [1, 3, 7], [[8, 9, 2], [8, 2], [9, 9, 9, 2], [2]], [1.0, 0.0, None, 0.0], version=3),
         _group("b", [1, 3, 6, 6], [[5, 2], [5, 5], [6], [7, 2]], [1.0, 1.0, 1.0, 1.0], version=1),
     ]
+    groups[0].completions[0].versions = [3, 4, 4]  # continued on version 4 after its first token
     batch, stats = _assemble(groups, row_tokens=16, row_multiple=2, dynamic_sampling="drop")
     # 8 sequences of 7, 6, 6, 6, 6, 5, 5, 4 tokens, first-fit decreasing into rows of 16: 3 rows, rounded to 4
     assert batch.input_ids.shape == (4, 16) and batch.advantages.shape == (4, 16)
@@ -97,6 +99,10 @@ def test_packed_layout_advantages_and_statistics():
     # the histogram: one group 1 version behind (a), one 3 behind (b), none 0 or 2 behind
     assert {k: v for k, v in stats.items() if k.startswith("staleness_groups/")} == {
         "staleness_groups/0": 0, "staleness_groups/1": 1, "staleness_groups/2": 0, "staleness_groups/3": 1}
+    # per token: a's first completion has 2 tokens of the current version, a's other 8 tokens are 1 behind, b's 7
+    assert {k: v for k, v in stats.items() if k.startswith("staleness_tokens/")} == {
+        "staleness_tokens/0": 2, "staleness_tokens/1": 8, "staleness_tokens/2": 0, "staleness_tokens/3": 7}
+    assert stats["staleness_tokens_mean"] == pytest.approx((8 + 21) / 17)
     assert stats["loss_tokens"] == 3 + 2 + 1
     assert (stats["sequences"], stats["rows"]) == (8, 4)
     assert stats["padding_fraction"] == pytest.approx(1 - 45 / 64)

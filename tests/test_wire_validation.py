@@ -25,7 +25,7 @@ from wire_helpers import (
 from learner.service.accounting import balance_violations
 from learner.service.prompt_source import PromptSource
 from learner.service.server import LearnerService
-from tandem_wire import pb
+from tandem_wire import WIRE_VERSION, pb
 
 MAX_PROMPT_TOKENS = 8
 
@@ -37,8 +37,8 @@ def _completion(group: pb.ScoredGroup, i: int = 1) -> pb.Completion:
 def _turns(group: pb.ScoredGroup, parts: list[tuple[int, int, int, float | None]],
            observed_logprob: float = 0.0, contexts: dict[int, list[int]] | None = None, i: int = 1) -> None:
     """Give completion i turns (sampled, observation tokens, version, reward), turn k the context ids
-    `contexts[k]` (it starts a new training sample), its observation tokens `observed_logprob`, and the
-    sum of the turns' rewards as its reward."""
+    `contexts[k]` (it starts a new training sample), its observation tokens `observed_logprob`, each turn's
+    tokens its version, and the sum of the turns' rewards as its reward."""
     completion = _completion(group, i)
     position = 0
     for k, (sampled, observed, version, reward) in enumerate(parts):
@@ -48,13 +48,26 @@ def _turns(group: pb.ScoredGroup, parts: list[tuple[int, int, int, float | None]
             turn.reward = reward
         for i in range(position + sampled, min(position + sampled + observed, len(completion.logprobs))):
             completion.logprobs[i] = observed_logprob
+        for i in range(position, min(position + sampled + observed, len(completion.token_versions))):
+            completion.token_versions[i] = version
         position += sampled + observed
     completion.reward = sum(r for *_, r in parts if r is not None and math.isfinite(r))
 
 
 INVALID_CASES = {
     "missing wire version": (lambda g: g.ClearField("wire_version"), "unsupported wire_version 0"),
-    "future wire version": (lambda g: setattr(g, "wire_version", 2), "unsupported wire_version 2"),
+    "future wire version": (lambda g: setattr(g, "wire_version", 3), "unsupported wire_version 3"),
+    "old actor's wire version": (lambda g: setattr(g, "wire_version", 1),
+                                 "wire_version 1 is older than this learner's 2: update the actor"),
+    "token versions count != token count": (
+        lambda g: _completion(g).token_versions.append(0),
+        "completion 1: 7 token_versions for 6 tokens",
+    ),
+    "no token versions": (lambda g: _completion(g).ClearField("token_versions"), "0 token_versions for 6 tokens"),
+    "token version from the future": (
+        lambda g: _completion(g).token_versions.__setitem__(5, 1),
+        "completion 1: token versions 0..1 are outside the group's 0 .. the latest published 0",
+    ),
     "empty group id": (lambda g: setattr(g, "group_id", ""), "empty group_id"),
     "empty actor id": (lambda g: setattr(g, "actor_id", ""), "empty actor_id"),
     "group id never leased": (lambda g: setattr(g, "group_id", "7:3"), "never leased"),
@@ -101,7 +114,8 @@ INVALID_CASES = {
         "must carry no completions",
     ),
     "completion past the longest row": (
-        lambda g: (_completion(g).token_ids.extend([1, 2]), _completion(g).logprobs.extend([-1.0, -1.0])),
+        lambda g: (_completion(g).token_ids.extend([1, 2]), _completion(g).logprobs.extend([-1.0, -1.0]),
+                   _completion(g).token_versions.extend([0, 0])),
         "completion 1: a sample of 8 tokens after its prompt's 5 exceeds max_sequence_tokens 12",
     ),
     "turns short of the tokens": (lambda g: _turns(g, [(2, 3, 0, None), (2, 0, 0, 1.0)]), "cover 7 tokens of 6"),
@@ -212,12 +226,59 @@ def test_a_multi_turn_group_is_at_its_oldest_turns_version_over_all_its_trajecto
         behind = make_group(ahead, actor.actor_id, policy_version=0)
         _turns(behind, [(2, 3, 1, 0.25), (1, 0, 1, 1.0)])
         _turns(behind, [(6, 0, 2, 1.0)], i=2)
+        for single_turn in (behind.completions[0], behind.completions[3]):
+            single_turn.token_versions[:] = [1] * len(single_turn.token_ids)
         acks = actor.exchange([valid, behind])
         assert [a.status for a in acks] == [pb.ACK_STATUS_QUEUED, pb.ACK_STATUS_INVALID], acks
-        assert "the group's policy_version 0 is not its oldest turn's 1" in acks[1].detail
+        assert "the group's policy_version 0 is not its oldest token's 1" in acks[1].detail
         [record] = service.next_batch(1, timeout=10)
         assert record.policy_version == 0
         assert [[t.policy_version for t in c.turns] for c in record.completions[1:3]] == [[0, 1], [1, 2]]
+        actor.close()
+
+
+def _with(group: pb.ScoredGroup, **fields) -> pb.ScoredGroup:
+    for name, value in fields.items():
+        setattr(group, name, value)
+    return group
+
+
+def test_the_staleness_bound_counts_a_groups_oldest_token():
+    """A completion continued across weight loads (rollout.weight_update=keep) carries each token's version:
+    the group is as old as its oldest token, so one spanning more than max_staleness + 1 versions is dropped
+    as stale (counted, its prompt re-leased) though its newest tokens are fresh. Versions that decrease
+    along a completion, or a group version that is not its oldest token's, are refused."""
+    with running_service(max_staleness=1) as (service, address):
+        actor = raw_actor(address)
+        leases, _ = actor.lease(4)
+        for version in (1, 2, 3):
+            service.publish_weights(version, _tiny_weights())
+
+        def spanning(lease, versions: list[int]) -> pb.ScoredGroup:
+            """Completion 2 sampled with `versions`, the others all with the latest (3)."""
+            group = make_group(lease, actor.actor_id, policy_version=min(versions))
+            for completion in group.completions:
+                completion.token_versions[:] = [3] * len(completion.token_ids)
+            group.completions[2].token_versions[:] = versions
+            return group
+
+        acks = actor.exchange([
+            spanning(leases[0], [1, 2, 2, 3, 3, 3]),  # 3 versions > max_staleness + 1: stale
+            spanning(leases[1], [2, 2, 3, 3, 3, 3]),  # 2 versions: fresh
+            spanning(leases[2], [3, 3, 2, 3, 3, 3]),
+            _with(spanning(leases[3], [2, 2, 3, 3, 3, 3]), policy_version=1),  # claims older than it is
+        ])
+        assert [a.status for a in acks] == [pb.ACK_STATUS_STALE, pb.ACK_STATUS_QUEUED, pb.ACK_STATUS_INVALID,
+                                            pb.ACK_STATUS_INVALID], acks
+        assert "policy_version 1 is more than 1 behind 3" in acks[0].detail
+        assert "completion 2: token versions decrease" in acks[2].detail
+        assert "the group's policy_version 1 is not its oldest token's 2" in acks[3].detail
+        [record] = service.next_batch(1, timeout=10)
+        assert record.policy_version == 2
+        assert [c.versions for c in record.completions] == [[3] * 6, [3] * 6, [2, 2, 3, 3, 3, 3], [3] * 6]
+        counts = service.accounting()
+        assert counts["groups_stale_on_arrival"] == 1 and counts["tokens_stale_on_arrival"] == 24
+        assert counts["groups_invalid"] == 2 and balance_violations(counts) == []
         actor.close()
 
 
@@ -286,7 +347,7 @@ def test_a_prompt_rejected_as_too_long_is_retired_and_counted():
         short = [lease for lease in leases if lease is not long]
 
         def rejection(lease):
-            return pb.ScoredGroup(wire_version=1, group_id=lease.group_id, actor_id=actor.actor_id,
+            return pb.ScoredGroup(wire_version=WIRE_VERSION, group_id=lease.group_id, actor_id=actor.actor_id,
                                   prompt_token_ids=lease.prompt_ids, rejected_reason="prompt_too_long")
 
         acks = actor.exchange([rejection(long), rejection(long), rejection(short[0])])

@@ -85,6 +85,7 @@ def make_group(
             logprobs=(-rng.random(tokens) * 3).astype(np.float32).tolist(),
             finish_reason=pb.FINISH_REASON_STOP,
             text=f"c{i}",
+            token_versions=[policy_version] * tokens,
         )
         if i == 0:
             completion.unscorable_reason = "reward timed out"

@@ -1,12 +1,13 @@
 """An actor's weight swap as plain state: which fetched version waits to be loaded, and when it is due.
 
 A version is fetched and checked while the engine keeps sampling; it must be loaded between two
-engine steps, and no group may mix two versions. An idle engine loads it at once. A busy one (the
-streaming loop) drains: no new prompts, the groups in flight finish on the weights they started
-with, and the version is due when none is left, or once `drain_steps` engine steps have passed (the
-rest is aborted and sampled again on it), or at once when the engine is held and cannot drain (the
-actor is blocked on the learner's credits). A version whose fetch or check failed is rejected: it
-is not fetched again before its retry time.
+engine steps. An idle engine loads it at once, and so does a busy one whose groups continue on it
+(rollout.weight_update=keep, or an adapter: the actor offers it with in_flight=0). Otherwise (abort)
+no group may mix two versions and the busy engine (the streaming loop) drains: no new prompts, the
+groups in flight finish on the weights they started with, and the version is due when none is left,
+or once `drain_steps` engine steps have passed (the rest is aborted and sampled again on it), or at
+once when the engine is held and cannot drain (the actor is blocked on the learner's credits). A
+version whose fetch or check failed is rejected: it is not fetched again before its retry time.
 
 No threads, engine or gRPC: RolloutActor holds it under its engine lock, tells it what happened and
 loads what it says is due; time is passed in (`now`, monotonic seconds).

@@ -30,6 +30,7 @@ class CompletionLike(Protocol):
     logprobs: Sequence[float]
     reward: float | None  # None: unscorable
     turns: Sequence[object]  # multi-turn: one entry per assistant turn; empty: a single turn
+    versions: Sequence[int]  # the weight version that sampled each token (empty: all the group's)
 
     @property
     def loss_mask(self) -> np.ndarray:
@@ -188,12 +189,17 @@ def group_statistics(groups: Sequence[GroupLike], scored: GroupAdvantages, curre
                      ) -> dict[str, float]:
     """Host-side statistics of a step's groups: reward mean/std over scorable completions, the pass rate,
     the fraction of zero-signal groups, unscorable completions, staleness (current_version −
-    policy_version) mean/max and its histogram (``staleness_groups/k``: groups k versions behind), and
-    with multi-turn completions their turns (mean, max), observation tokens and template splits."""
+    policy_version, the group's oldest token's) mean/max and its histogram (``staleness_groups/k``: groups
+    k versions behind), the same per sampled token (``staleness_tokens_mean``, ``staleness_tokens/k``: a
+    completion continued across weight loads has tokens of several versions), and with multi-turn
+    completions their turns (mean, max), observation tokens and template splits."""
     rewards = np.array([[np.nan if c.reward is None else c.reward for c in g.completions] for g in groups])
     scorable = rewards[~np.isnan(rewards)]
     staleness = np.array([current_version - g.policy_version for g in groups], np.float64)
     completions = [c for g in groups for c in g.completions]
+    token_staleness = current_version - np.concatenate(
+        [np.asarray(c.versions or [g.policy_version] * len(c.token_ids), np.int64)[c.loss_mask > 0]
+         for g in groups for c in g.completions])
     return {
         "reward_mean": float(scorable.mean()) if scorable.size else float("nan"),
         "reward_std": float(scorable.std()) if scorable.size else float("nan"),
@@ -204,6 +210,8 @@ def group_statistics(groups: Sequence[GroupLike], scored: GroupAdvantages, curre
         "staleness_mean": float(staleness.mean()),
         "staleness_max": float(staleness.max()),
         **{f"staleness_groups/{k}": float(n) for k, n in enumerate(np.bincount(staleness.astype(np.int64)))},
+        "staleness_tokens_mean": float(token_staleness.mean()),
+        **{f"staleness_tokens/{k}": float(n) for k, n in enumerate(np.bincount(token_staleness))},
         "num_groups": float(len(groups)),
         **_turn_stats(groups, completions),
     }

@@ -1,12 +1,13 @@
 """Scored groups as the trainer sees them, and the checks that turn wire messages into them.
 
 `parse_group` is the single gate between untrusted bytes and the learner: anything it lets
-through has consistent shapes, finite non-positive logprobs, in-range token ids, a reward or an
-unscorable reason per completion, turns (multi-turn) that tile the completion with zero logprobs on
-observation tokens and rewards that add up, training samples (a trajectory split where the chat template
-could not extend it) that each fit the learner's longest row, and every string and number within its
-documented bound
-(tandem_wire/limits.py). It raises InvalidInput with a specific detail otherwise.
+through has consistent shapes, finite non-positive logprobs, in-range token ids, a weight version per
+token (never decreasing along a completion, between the group's policy_version, which is the oldest, and
+the latest published one), a reward or an unscorable reason per completion, turns (multi-turn) that
+tile the completion with zero logprobs on observation tokens and rewards that add up, training samples
+(a trajectory split where the chat template could not extend it) that each fit the learner's longest
+row, and every string and number within its documented bound (tandem_wire/limits.py). It raises
+InvalidInput with a specific detail otherwise.
 """
 
 from __future__ import annotations
@@ -17,8 +18,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from learner.wire_bounds import InvalidInput, check_metadata, check_nonnegative, check_text, shown
-from tandem_wire import WIRE_VERSION, pb
+from learner.wire_bounds import (
+    InvalidInput,
+    check_metadata,
+    check_nonnegative,
+    check_text,
+    check_wire_version,
+    shown,
+)
+from tandem_wire import pb
 from tandem_wire.limits import MAX_DETAIL_CHARS, MAX_GROUP_SIZE, MAX_ID_CHARS, MAX_TEXT_CHARS, MAX_TURNS
 from tandem_wire.turns import TurnRecord
 
@@ -40,6 +48,7 @@ class CompletionRecord:
     unscorable_reason: str | None
     text: str = ""
     turns: list[TurnRecord] = field(default_factory=list)  # empty: one turn, every token sampled
+    versions: list[int] = field(default_factory=list)  # the weight version that sampled each token
 
     @property
     def loss_mask(self) -> np.ndarray:
@@ -92,10 +101,7 @@ class GroupLimits:
 
 def parse_group(msg: pb.ScoredGroup, limits: GroupLimits) -> GroupRecord:
     """Validate a wire group and convert it; raises InvalidInput(detail) on the first problem."""
-    if msg.wire_version != WIRE_VERSION:
-        raise InvalidInput(
-            f"unsupported wire_version {msg.wire_version} (this learner speaks {WIRE_VERSION})"
-        )
+    check_wire_version(msg.wire_version)
     check_text("group_id", msg.group_id, MAX_ID_CHARS, printable=True, required=True)
     check_text("actor_id", msg.actor_id, MAX_ID_CHARS, printable=True, required=True)
     if msg.policy_version < 0:
@@ -136,11 +142,7 @@ def parse_group(msg: pb.ScoredGroup, limits: GroupLimits) -> GroupRecord:
             _check_turns(f"completion {i}", completion, msg.policy_version, limits.latest_version, limits.vocab_size)
         if limits.max_sequence_tokens:
             _check_sample_lengths(f"completion {i}", completion, prompt_ids, limits.max_sequence_tokens)
-    # the group's version is its oldest turn's over all its trajectories: one trajectory's first turn may
-    # have been sampled again on newer weights (a weight load aborted it) while another's was not
-    oldest = min((turn.policy_version for completion in completions for turn in completion.turns), default=None)
-    if oldest is not None and oldest != msg.policy_version:
-        raise InvalidInput(f"the group's policy_version {msg.policy_version} is not its oldest turn's {oldest}")
+    _check_versions(completions, msg.policy_version, limits.latest_version)
     return _record(msg, prompt_ids, completions)
 
 
@@ -154,6 +156,8 @@ def _parse_completion(i: int, c: pb.Completion) -> CompletionRecord:
         raise InvalidInput(f"{where}: empty token_ids")
     if len(logprobs) != len(token_ids):
         raise InvalidInput(f"{where}: {len(logprobs)} logprobs for {len(token_ids)} tokens")
+    if len(c.token_versions) != len(token_ids):
+        raise InvalidInput(f"{where}: {len(c.token_versions)} token_versions for {len(token_ids)} tokens")
     if c.finish_reason not in FINISH_REASONS:
         raise InvalidInput(f"{where}: finish_reason {c.finish_reason} is not stop/length/abort")
     score = c.WhichOneof("score")
@@ -172,7 +176,31 @@ def _parse_completion(i: int, c: pb.Completion) -> CompletionRecord:
     if len(c.turns) > MAX_TURNS:
         raise InvalidInput(f"{where}: {len(c.turns)} turns > {MAX_TURNS}")
     turns = [TurnRecord.of(t) for t in c.turns]
-    return CompletionRecord(token_ids, logprobs, FINISH_REASONS[c.finish_reason], reward, unscorable, text, turns)
+    return CompletionRecord(token_ids, logprobs, FINISH_REASONS[c.finish_reason], reward, unscorable, text, turns,
+                            list(c.token_versions))
+
+
+def _check_versions(completions: list[CompletionRecord], group_version: int, latest_version: int) -> None:
+    """Every token's version lies between the group's and the latest published one and never decreases along
+    its completion (a version loaded in flight moves the tokens after it to that one), and the group's is its
+    oldest token's: the staleness bound counts that one. A turn's version is its oldest sampled token's."""
+    for i, completion in enumerate(completions):
+        versions = np.asarray(completion.versions, np.int64)
+        if versions.min() < group_version or versions.max() > latest_version:
+            raise InvalidInput(f"completion {i}: token versions {versions.min()}..{versions.max()} are outside the "
+                               f"group's {group_version} .. the latest published {latest_version}")
+        if (np.diff(versions) < 0).any():
+            raise InvalidInput(f"completion {i}: token versions decrease")
+        start = 0
+        for k, turn in enumerate(completion.turns):
+            sampled = versions[start:start + turn.sampled_tokens]
+            if sampled.size and sampled.min() != turn.policy_version:
+                raise InvalidInput(f"completion {i}: turn {k} policy_version {turn.policy_version} is not its "
+                                   f"oldest token's {sampled.min()}")
+            start += turn.sampled_tokens + turn.observation_tokens
+    oldest = min(min(c.versions) for c in completions)
+    if oldest != group_version:
+        raise InvalidInput(f"the group's policy_version {group_version} is not its oldest token's {oldest}")
 
 
 def _check_turns(where: str, completion: CompletionRecord, group_version: int, latest_version: int,

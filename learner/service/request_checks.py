@@ -8,8 +8,15 @@ from typing import Any
 
 from learner.service.actor_registry import Capabilities, TimeShares
 from learner.weights.versions import NO_VERSION
-from learner.wire_bounds import InvalidInput, check_fraction, check_int, check_nonnegative, check_text
-from tandem_wire import WIRE_VERSION, pb
+from learner.wire_bounds import (
+    InvalidInput,
+    check_fraction,
+    check_int,
+    check_nonnegative,
+    check_text,
+    check_wire_version,
+)
+from tandem_wire import pb
 from tandem_wire.limits import (
     MAX_DETAIL_CHARS,
     MAX_GROUP_SIZE,
@@ -24,8 +31,7 @@ SHARES_SLACK = 1e-6  # rounding the actor's four divisions may add
 
 def caller(request: Any) -> str:
     """The actor id of a request that carries a wire version and an actor id."""
-    if request.wire_version != WIRE_VERSION:
-        raise InvalidInput(f"unsupported wire_version {request.wire_version} (this learner speaks {WIRE_VERSION})")
+    check_wire_version(request.wire_version)
     return actor_id(request.actor_id)
 
 

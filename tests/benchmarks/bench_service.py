@@ -116,7 +116,8 @@ def _groups(leases: list[pb.Prompt], actor_id: str, seed: int = 0) -> list[bytes
         for i in range(GROUP_SIZE):
             group.completions.add(token_ids=rng.integers(0, VOCAB, COMPLETION_TOKENS).tolist(),
                                   logprobs=(-rng.random(COMPLETION_TOKENS)).astype(np.float32).tolist(),
-                                  finish_reason=pb.FINISH_REASON_STOP, reward=float(i % 2), text="x" * 8)
+                                  finish_reason=pb.FINISH_REASON_STOP, reward=float(i % 2), text="x" * 8,
+                                  token_versions=[0] * COMPLETION_TOKENS)
         out.append(group.SerializeToString())
     return out
 
