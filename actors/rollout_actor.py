@@ -3,17 +3,19 @@
 The learner's prompt service decides what is sampled, so actors can join and leave at any time:
 a prompt leased by an actor that goes away is re-issued when its lease expires.
 
-Asynchronous mode streams (``_stream``): up to ``prompts_per_batch`` groups are in the engine at
-once, which is stepped one step at a time; each group is scored as soon as its last completion
-finishes and sent once scored, and the room it leaves is leased again, so no group waits for the
-longest completion of a batch.
+The sampling loop (``_sample``) leases room for up to ``prompts_per_batch`` groups and drives the
+sampler of the actor's mode (actors/samplers/): ``streaming`` (async: the engine stepped one step at a
+time, each group scored as soon as its last completion finishes and sent once scored, the room it
+leaves leased again), ``episodes`` (async multi-turn: G episodes per prompt, turn by turn) or
+``batch`` (sync, below). The actor does not branch on the mode.
 
 Threads: ``run()`` is the sampling loop. A weights thread watches the learner's latest version,
 downloads and checks a new version *while the engine keeps sampling*, then it is applied between
 two engine steps. An idle engine loads it at once. A busy one (async mode) follows
-``rollout.weight_update``. ``keep`` (PipelineRL's and AReaL's in-flight update): it is loaded at once,
-the groups in flight continue on it (RolloutEngine.update_in_flight: vLLM's pause in keep mode, their KV
-recomputed on the new weights) and no sampled token is lost. ``abort``: the actor stops taking new
+``rollout.weight_update``, the sampler's policy (actors/samplers/updates.py). ``keep`` (PipelineRL's
+and AReaL's in-flight update): it is loaded at once, the groups in flight continue on it
+(RolloutEngine.update_in_flight: vLLM's pause in keep mode, their KV recomputed on the new weights) and
+no sampled token is lost. ``abort``: the actor stops taking new
 prompts and drains: the groups in flight finish on the weights they started with, and the version is
 loaded when none is left, or after ``weight_drain_steps`` engine steps, when the rest are aborted and
 sampled again on the new weights (their tokens counted in ``tokens_aborted``); an actor blocked on the
@@ -27,11 +29,11 @@ engine step, a credit wait) and load what it says is due (``_swap``). A heartbea
 liveness, version and throughput until ``stop()``, also after ``run()`` returned (an idle actor is
 alive, not dead).
 
-Synchronous mode (``ActorConfig.sync``, with the learner's ``max_staleness=0``): the actor samples
-whole batches, and the lease budget with η = 0 paces it: after a batch sampled with version v it is
-refused until the learner has trained on it and the engine serves the newer version, so sampling and
-training alternate instead of overlapping (the baseline the asynchronous mode is measured against).
-It samples with v again only when groups the learner rejected, or retired without signal (dynamic
+Synchronous mode (``ActorConfig.sync``, with the learner's ``max_staleness=0``; actors/samplers/batch.py):
+the actor samples whole batches, and the lease budget with η = 0 paces it: after a batch sampled with
+version v it is refused until the learner has trained on it and the engine serves the newer version, so
+sampling and training alternate instead of overlapping (the baseline the asynchronous mode is measured
+against). It samples with v again only when groups the learner rejected, or retired without signal (dynamic
 sampling), gave their slots back. Each actor then contributes one batch per version (plus those
 refills), so set ``prompts_per_step = num_actors × prompts_per_batch``.
 
@@ -52,16 +54,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-import ray
 
 from actors.config import ActorConfig
-from actors.engine import RolloutEngine, Sample, SamplingSpec
-from actors.episodes import EpisodeRunner
-from actors.groups import PROMPT_TOO_LONG, rejected_group, scored_group
+from actors.engine import RolloutEngine, SamplingSpec
+from actors.groups import PROMPT_TOO_LONG, rejected_group
 from actors.learner_client import (
     LearnerBusy,
     LearnerClient,
@@ -71,9 +71,10 @@ from actors.learner_client import (
     RegisterInfo,
     WeightTransferError,
 )
+from actors.samplers.base import SamplerRig
+from actors.samplers.modes import sampler_for
 from actors.scoring import RewardScorer
-from actors.stats import ActorStats, TimeShareMeter, UnionClock
-from actors.trajectory import ObservationRenderer
+from actors.stats import ActorCounters, ActorStats, TimeShareMeter, UnionClock, WeightUpdate
 from actors.weights.apply import Applier, applier
 from actors.weights.checks import WeightSetError
 from actors.weights.pending import PendingWeights
@@ -84,14 +85,6 @@ log = logging.getLogger(__name__)
 ACK_WAIT_S = 1.0  # the longest a re-issued lease waits for our earlier copy's final ack
 CREDIT_POLL_S = 0.5  # while blocked on credits, how often a waiting weight version is looked at
 WEIGHT_POLL_S = 0.1  # how often the weights thread looks at the latest version (a local read)
-SCORE_POLL_S = 0.05  # an actor with nothing in its engine waits this long at most for one group's scores
-
-
-@dataclass
-class WeightUpdate:
-    version: int
-    transfer_s: float  # download + checksum, overlapped with sampling
-    stall_s: float     # time the engine could not sample: aborting + loading under the engine lock
 
 
 @dataclass(frozen=True)
@@ -101,36 +94,6 @@ class _Fetched:
     weights: object  # what its kind's applier checked
     transfer_s: float
     applier: Applier  # how its kind is loaded
-
-
-@dataclass
-class _InEngine:
-    """A leased prompt whose group the engine is sampling."""
-
-    lease: Prompt
-    version: int  # the weights served when it was submitted (its tokens carry their own, Sample.versions)
-    sampled_at: float  # wall clock at submission
-    started: float  # perf_counter at submission
-
-
-@dataclass
-class _Scoring:
-    """A sampled group waiting for its scores."""
-
-    sampled: _InEngine
-    samples: list[Sample]
-    sample_s: float
-    score_started: float
-    ref: ray.ObjectRef
-
-@dataclass
-class ActorCounters:
-    tokens_generated: int = 0
-    generate_seconds: float = 0.0
-    groups_sent: int = 0
-    prompts_filtered: int = 0
-    weight_updates: list[WeightUpdate] = field(default_factory=list)
-    weight_rejections: int = 0
 
 
 class RolloutActor:
@@ -167,12 +130,6 @@ class RolloutActor:
         self.sampling = SamplingSpec(n=config.group_size, temperature=config.temperature, top_p=config.top_p,
                                      max_tokens=config.max_tokens, stop=list(config.stop),
                                      stop_token_ids=list(config.stop_token_ids))
-        # multi-turn (an environment): the groups are episodes, sampled turn by turn (actors/episodes.py)
-        self.episodes = None
-        if config.environment is not None:
-            renderer = ObservationRenderer(self.engine.llm.get_tokenizer(), config.environment.tools)
-            self.episodes = EpisodeRunner(actor_id, reward_handles, renderer, config.environment, self.sampling,
-                                          self.engine.max_model_len)
         self.counters = ActorCounters()
         # A fresh vLLM engine's first step carries one-time setup (2.2 s against 0.3 s for the next ones
         # on the test model, on this CPU): taken here, not in the first lease, whose groups would reach
@@ -190,10 +147,11 @@ class RolloutActor:
         self._fatal: BaseException | None = None
         self._heartbeat_s = 1.0
         self._blocked_on_credits = False
-        self._generating_since: float | None = None  # monotonic start of the running generate, if any
         self._threads: list[threading.Thread] = []  # weights + heartbeat, alive until stop()
-        self._in_engine: dict[str, _InEngine] = {}  # async mode: group id -> its group being sampled
-        self._scoring: list[_Scoring] = []  # async mode: sampled groups waiting for their scores
+        # the groups between lease and send, sampled as the mode says (actors/samplers/)
+        self.sampler = sampler_for(config, SamplerRig(
+            actor_id, self.engine, self._engine_lock, self.scorer, self.sampling, self.counters,
+            version=lambda: self.version, send=self._send), reward_handles)
 
     # ------------------------------------------------------------------ public
 
@@ -233,10 +191,7 @@ class RolloutActor:
                                  for loop in (self._weights_loop, self._heartbeat_loop)]
                 for thread in self._threads:
                     thread.start()
-            if self.config.sync:
-                self._sample_in_batches()
-            else:
-                self._stream()
+            self._sample()
         finally:
             self._idle.set()
         if self._fatal is not None:
@@ -246,7 +201,7 @@ class RolloutActor:
     def stats(self) -> ActorStats:
         """The counters so far, a wait or generate still running included."""
         c = self.counters
-        started = self._generating_since
+        started = self.sampler.generating_since
         return ActorStats(
             actor_id=self.actor_id,
             version=self.version,
@@ -271,17 +226,9 @@ class RolloutActor:
             weight_sources=dict(self.client.weight_fetches),
             relay_bytes_served=self.relay.bytes_served if self.relay else 0,
             calls_refused=dict(self.client.calls_refused),
-            episodes=self._episode_counts(),
+            episodes=self.sampler.episode_counts(),
             adapters=self.engine.adapters_loaded,
         )
-
-    def _episode_counts(self) -> dict[str, int]:
-        if self.episodes is None:
-            return {}
-        counts = self.episodes.counts
-        return {"trajectories": counts.trajectories, "turns": counts.turns, "tool_calls": counts.tool_calls,
-                "tool_errors": counts.tool_errors, "samples_split": counts.samples_split,
-                **{f"ended/{why}": n for why, n in counts.ended.items()}}
 
     def stop(self, timeout_s: float = 60.0) -> ActorStats:
         """Stop looping after the current generation and close the connection; returns ``stats()``.
@@ -308,7 +255,7 @@ class RolloutActor:
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         """Greedy token ids under the weights currently served (for checks and evaluation)."""
-        with self._engine_paused():
+        with self.sampler.paused():
             return [s.token_ids for s in self.engine.greedy(prompts, max_tokens)]
 
     # ------------------------------------------------------------------ sampling loops
@@ -339,31 +286,19 @@ class RolloutActor:
         with self._idle_time(self._prompt_wait):
             self._ask_again.wait(seconds)
 
-    def _sample_in_batches(self) -> None:
-        """Sync mode: lease a batch, sample it whole, send it; the lease budget (η = 0) refuses the next
-        batch until the learner has trained on this one and we serve its new version."""
-        while not self._stop.is_set():
-            reply = self._lease(self.config.prompts_per_batch)
-            if not reply.prompts:
-                if reply.exhausted:
-                    break
-                self._wait_for_prompts(reply.retry_after_s or self.config.idle_poll_s)
-                continue
-            self._sample_and_send(reply.prompts)
-
-    def _stream(self) -> None:
-        """Async mode: keep up to prompts_per_batch groups in the engine, stepping it one step at a
-        time; each group is scored the moment its last completion finishes and sent once scored, and
-        freed room is leased again (once half the batch is free, or the engine is empty), so nothing
-        waits for the longest completion of a batch. Under weight_update=abort, a new weight version
-        waiting to be loaded stops the leasing until the engine has drained (``_load_when_drained``)."""
+    def _sample(self) -> None:
+        """Keep up to prompts_per_batch groups sampling: lease the room there is (once half the batch is
+        free, or all of it), let the sampler advance them one engine call at a time and send what is done,
+        so in async mode nothing waits for the longest completion of a batch. A new weight version
+        waiting to be loaded (weight_update=abort: for the groups in flight to drain) stops the leasing
+        until it is loaded (``_load_when_drained``)."""
         batch = self.config.prompts_per_batch
         ask_after = 0.0  # monotonic time before which the learner told us not to ask again
         exhausted = False
         while not self._stop.is_set():
             if self._ask_again.is_set():
                 ask_after = 0.0  # our lease budget may have grown
-            room = batch - len(self._in_engine) - len(self._episode_groups())
+            room = batch - self.sampler.sampling_count
             draining = self._weights.pending_version is not None  # new prompts wait for the new weights
             if (not exhausted and not draining and time.monotonic() >= ask_after
                     and (room >= max(1, batch // 2) or room == batch)):
@@ -373,98 +308,18 @@ class RolloutActor:
                     self._submit(reply.prompts)
                 else:
                     ask_after = time.monotonic() + (reply.retry_after_s or self.config.idle_poll_s)
-            if not self._in_engine and not self._scoring and not self._episode_groups():
+            if not self.sampler.held():
                 if exhausted:
                     break
                 self._wait_for_prompts(max(0.0, ask_after - time.monotonic()))
                 continue
-            self._step_engine()
+            self.sampler.step()
             self._load_when_drained()
-            self._send_scored(wait_s=0.0 if self._in_engine else SCORE_POLL_S)
-            self._advance_episodes(wait_s=0.0 if self.engine.in_flight else SCORE_POLL_S)
+            self.sampler.collect()
 
     def _submit(self, leases: list[Prompt]) -> None:
-        """Refuse the prompts too long for us, and add the others' groups to the running batch."""
-        for lease in self._fitting(leases):
-            with self._engine_lock:
-                self._submit_one(lease)
-
-    def _submit_one(self, lease: Prompt) -> None:
-        """Add one lease's group to the engine, sampled with the version served now (engine lock held);
-        multi-turn, start its episodes (their first turns reach the engine once the resets are in)."""
-        if self.episodes is not None:
-            self.episodes.start(lease)
-            return
-        self.engine.submit(lease.group_id, lease.prompt_ids, self.sampling)
-        self._in_engine[lease.group_id] = _InEngine(lease, self.version, time.time(), time.perf_counter())
-
-    def _step_engine(self) -> None:
-        """One engine step; start scoring every group it finished."""
-        with self._engine_lock:
-            start = time.perf_counter()
-            self._generating_since = time.monotonic()
-            try:
-                finished = self.engine.poll()
-            finally:
-                self._generating_since = None
-            done = time.perf_counter()
-            self.counters.generate_seconds += done - start
-            turns = [(key, samples) for key, samples in finished if self.episodes and self.episodes.owns(key)]
-            for key, [sample] in turns:
-                self.counters.tokens_generated += len(sample.token_ids)
-                self.episodes.on_turn(key, sample)
-            groups = [(self._in_engine.pop(key), samples) for key, samples in finished
-                      if not (self.episodes and self.episodes.owns(key))]
-        for sampled, samples in groups:
-            self.counters.tokens_generated += sum(len(s.token_ids) for s in samples)
-            ref = self.scorer.score_async(sampled.lease.text, [(c.text, c.token_ids) for c in samples],
-                                          sampled.lease.metadata)
-            self._scoring.append(_Scoring(sampled, samples, done - sampled.started, time.perf_counter(), ref))
-
-    def _send_scored(self, wait_s: float) -> None:
-        """Send the groups whose scores are in (waiting up to `wait_s` for the first), in order."""
-        ready = self.scorer.ready([s.ref for s in self._scoring], wait_s)
-        for scoring in [s for s, is_ready in zip(self._scoring, ready, strict=True) if is_ready]:
-            self._scoring.remove(scoring)
-            [scores] = self.scorer.gather([scoring.ref])
-            sampled = scoring.sampled
-            self._send(scored_group(
-                group_id=sampled.lease.group_id, actor_id=self.actor_id, prompt_ids=sampled.lease.prompt_ids,
-                samples=scoring.samples, scores=scores,
-                metadata=sampled.lease.metadata, sample_seconds=scoring.sample_s,
-                score_seconds=time.perf_counter() - scoring.score_started, sampled_at=sampled.sampled_at))
-            self.counters.groups_sent += 1
-
-    def _advance_episodes(self, wait_s: float) -> None:
-        """Multi-turn: apply the environments' answers that are in, submit the next turns, send the
-        groups whose episodes have all ended."""
-        if self.episodes is None:
-            return
-        with self._engine_lock:
-            finished = self.episodes.advance(self.version, self.engine.submit, wait_s)
-        for group in finished:
-            self._send(group)
-            self.counters.groups_sent += 1
-
-    def _episode_groups(self) -> set[str]:
-        return self.episodes.group_ids if self.episodes is not None else set()
-
-    @contextlib.contextmanager
-    def _engine_paused(self) -> Iterator[None]:
-        """Hold the engine with no group in flight: the groups running are aborted (their tokens are
-        counted in tokens_aborted) and submitted again afterwards, with the version then served (a
-        multi-turn group's aborted turns only: its finished turns keep the version that sampled them)."""
-        with self._engine_lock:
-            aborted = self.engine.abort_all()
-            try:
-                yield
-            finally:
-                turns = [key for key in aborted if self.episodes and self.episodes.owns(key)]
-                if turns:
-                    self.episodes.resubmit(turns, self.version, self.engine.submit)
-                for key in aborted:
-                    if key not in turns:
-                        self._submit_one(self._in_engine[key].lease)
+        """Refuse the prompts too long for us, and hand the others to the sampler."""
+        self.sampler.submit(self._fitting(leases))
 
     def _fitting(self, leases: list[Prompt]) -> list[Prompt]:
         """The leases worth sampling: a prompt too long for us is refused (the learner retires it); a
@@ -475,8 +330,7 @@ class RolloutActor:
         that drop's ack may have reached us: wait briefly for the ack, or the lease would sit
         unsampled until it expires (lease_seconds; the learner held steps back for it)."""
         with self._engine_lock:
-            ours = (set(self._in_engine) | {scoring.sampled.lease.group_id for scoring in self._scoring}
-                    | self._episode_groups())
+            ours = self.sampler.held()
         leases = [lease for lease in leases if lease.group_id not in ours
                   and self.client.wait_for_final_ack(lease.group_id, ACK_WAIT_S)]
         for lease in leases:
@@ -486,36 +340,6 @@ class RolloutActor:
                     group_id=lease.group_id, actor_id=self.actor_id, policy_version=self.version,
                     prompt_ids=lease.prompt_ids, metadata=lease.metadata, reason=PROMPT_TOO_LONG))
         return [lease for lease in leases if len(lease.prompt_ids) <= self.max_prompt_tokens]
-
-    def _sample_and_send(self, leases: list[Prompt]) -> None:
-        """Sync mode: sample a leased batch whole, score it, send it."""
-        fits = self._fitting(leases)
-        if not fits:
-            return
-        sampled_at = time.time()
-        with self._engine_lock:
-            start = time.perf_counter()
-            self._generating_since = time.monotonic()
-            try:
-                groups = self.engine.generate([lease.prompt_ids for lease in fits], self.sampling)
-            finally:
-                self._generating_since = None
-            sample_s = time.perf_counter() - start
-        self.counters.generate_seconds += sample_s
-        self.counters.tokens_generated += sum(len(s.token_ids) for g in groups for s in g)
-
-        start = time.perf_counter()
-        pending = [self.scorer.score_async(lease.text, [(c.text, c.token_ids) for c in group], lease.metadata)
-                   for lease, group in zip(fits, groups, strict=True)]
-        all_scores = self.scorer.gather(pending)
-        score_s = time.perf_counter() - start
-        for lease, samples, scores in zip(fits, groups, all_scores, strict=True):
-            self._send(scored_group(
-                group_id=lease.group_id, actor_id=self.actor_id, prompt_ids=lease.prompt_ids,
-                samples=samples, scores=scores, metadata=lease.metadata,
-                sample_seconds=sample_s / len(fits), score_seconds=score_s / len(fits),
-                sampled_at=sampled_at))
-            self.counters.groups_sent += 1
 
     def _send(self, group) -> None:
         """Hand a group to the client; blocks while the learner has no credits for us (backpressure).
@@ -585,11 +409,8 @@ class RolloutActor:
             self._reject(staged.version, str(error), time.perf_counter() - start, retry_after_s=float("inf"))
             return
         fetched = _Fetched(checked, time.perf_counter() - start, apply)
-        # sync mode never holds groups in the engine between two locked calls: always loaded at once; under
-        # weight_update=keep, and for an adapter (it loads beside the groups in flight, which keep theirs), the
-        # groups in flight go on sampling, so it is due at once too
-        drains = apply.drains and self.config.weight_update == "abort"
-        self._swap(lambda: self._weights.offer(staged.version, fetched, self.engine.in_flight if drains else 0))
+        # the sampler's policy says how many requests in flight it waits for (0: due at once)
+        self._swap(lambda: self._weights.offer(staged.version, fetched, self.sampler.waits_for(apply)))
 
     def _load_when_drained(self) -> None:
         """After an engine step (streaming): the pending version is loaded once the groups in flight
@@ -613,13 +434,7 @@ class RolloutActor:
                 return
             apply, weights = due.staged.applier, due.staged.weights
             with self._idle_clock.running():
-                if apply.drains and self.config.weight_update == "abort":
-                    with self._engine_paused():
-                        stall_s = apply.load(self.engine, weights, due.version)
-                elif self.engine.in_flight:
-                    stall_s = apply.load_in_flight(self.engine, weights, due.version)
-                else:
-                    stall_s = apply.load(self.engine, weights, due.version)
+                stall_s = self.sampler.load(apply, weights, due.version)
                 self._weights.loaded(due.version)
         transfer_s = due.staged.transfer_s
         self.counters.weight_updates.append(WeightUpdate(due.version, transfer_s, stall_s))

@@ -17,6 +17,27 @@ if TYPE_CHECKING:
     import ray
 
 
+@dataclass
+class WeightUpdate:
+    """One version an actor loaded."""
+
+    version: int
+    transfer_s: float  # download + checksum, overlapped with sampling
+    stall_s: float     # time the engine could not sample: aborting + loading under the engine lock
+
+
+@dataclass
+class ActorCounters:
+    """What one actor counts as it runs (its samplers count tokens, engine time and groups sent)."""
+
+    tokens_generated: int = 0
+    generate_seconds: float = 0.0
+    groups_sent: int = 0
+    prompts_filtered: int = 0
+    weight_updates: list[WeightUpdate] = field(default_factory=list)
+    weight_rejections: int = 0
+
+
 @dataclass(frozen=True)
 class ActorStats:
     """One rollout actor's counters (``RolloutActor.stats()``; ``run()`` and ``stop()`` return it too)."""

@@ -116,16 +116,16 @@ def _sample_episodes(actor: RolloutActor, service: LearnerService, dirs: dict, l
     actor._submit(actor.client.lease_prompts(3).prompts)
     published = False
     for _ in range(2000):
-        if not actor._episode_groups():
+        if not actor.sampler.held():
             break
-        actor._step_engine()
-        if not published and actor.episodes.counts.turns >= load_after_turns:
+        actor.sampler.step()
+        if not published and actor.sampler.episodes.counts.turns >= load_after_turns:
             service.publish_weights(1, load_tensors(dirs[1]).items())
             actor._maybe_update_weights(1)
             published = True
         actor._load_when_drained()
-        actor._advance_episodes(wait_s=0.05)
-    assert not actor._episode_groups() and actor.version == 1
+        actor.sampler.collect(wait_s=0.05)
+    assert not actor.sampler.held() and actor.version == 1
     records = service.next_batch(3, timeout=30)
     assert len(records) == 3, service.accounting()  # none refused (e.g. trajectories that start on two versions)
     return sorted(records, key=lambda record: record.metadata["answer"])

@@ -59,20 +59,20 @@ def test_a_version_arriving_mid_sampling_drains_or_aborts_and_every_group_keeps_
     actor, service, dirs = actor_and_service
     drain = actor.config.weight_drain_steps > 0
     actor._submit(actor.client.lease_prompts(2).prompts)
-    actor._step_engine()  # every completion has its first token from version 0
-    assert actor.engine.in_flight == 2 and not actor._scoring
+    actor.sampler.step()  # every completion has its first token from version 0
+    assert actor.engine.in_flight == 2 and not actor.sampler.scoring
 
     service.publish_weights(1, load_tensors(dirs[1]).items())
     actor._maybe_update_weights(1)  # what the weights thread does: fetched and checked, waiting
     assert actor.version == 0 and actor._weights.pending_version == 1 and actor.engine.in_flight == 2
     steps = 0
-    while actor._in_engine or actor._scoring:
-        actor._step_engine()
+    while actor.sampler.in_engine or actor.sampler.scoring:
+        actor.sampler.step()
         actor._load_when_drained()
-        actor._send_scored(wait_s=0.05)
+        actor.sampler.collect(wait_s=0.05)
         steps += 1
         if drain:
-            assert actor.version == (1 if not actor._in_engine else 0)  # loaded only once drained
+            assert actor.version == (1 if not actor.sampler.in_engine else 0)  # loaded only once drained
     assert actor.version == 1 and actor.stats().versions_applied == (1,) and actor._weights.pending_version is None
     if drain:
         expected_version, aborted = 0, 0
@@ -103,12 +103,12 @@ def test_a_lease_back_while_its_group_is_in_the_engine_or_being_scored_is_not_sa
     [lease] = actor.client.lease_prompts(1).prompts
     actor._submit([lease])
     assert actor._fitting([lease]) == []  # in the engine
-    while lease.group_id in actor._in_engine:
-        actor._step_engine()
-    assert [scoring.sampled.lease.group_id for scoring in actor._scoring] == [lease.group_id]
+    while lease.group_id in actor.sampler.in_engine:
+        actor.sampler.step()
+    assert [scoring.sampled.lease.group_id for scoring in actor.sampler.scoring] == [lease.group_id]
     assert actor._fitting([lease]) == []  # being scored
-    actor._send_scored(wait_s=60)
-    assert not actor._scoring and actor.counters.groups_sent == 1
+    actor.sampler.collect(wait_s=60)
+    assert not actor.sampler.scoring and actor.counters.groups_sent == 1
 
 
 def test_three_versions_load_while_groups_are_in_flight_and_every_token_keeps_its_version(ray_session, weight_dirs):
@@ -120,14 +120,14 @@ def test_three_versions_load_while_groups_are_in_flight_and_every_token_keeps_it
         actor._submit(actor.client.lease_prompts(2).prompts)
         for version in (1, 2, 3):
             for _ in range(3):
-                actor._step_engine()
+                actor.sampler.step()
             assert actor.engine.in_flight == 2, "both groups must be in flight at each update"
             service.publish_weights(version, load_tensors(dirs[version]).items())
             actor._maybe_update_weights(version)  # what the weights thread does; keep: loaded at once
             assert actor.version == version and actor._weights.pending_version is None
-        while actor._in_engine or actor._scoring:
-            actor._step_engine()
-            actor._send_scored(wait_s=0.05)
+        while actor.sampler.in_engine or actor.sampler.scoring:
+            actor.sampler.step()
+            actor.sampler.collect(wait_s=0.05)
         stats = actor.stats()
         assert stats.versions_applied == (1, 2, 3) and stats.tokens_aborted == 0 and stats.groups_sent == 2
         assert stats.tokens_recomputed > 0

@@ -98,8 +98,8 @@ def test_room_rule_sees_a_crossing(tmp_path, monkeypatch):
         "learner.rl_loop", "learner.rl_loop.RLLoop", "learner.service.server"}
 
 
-CODE_MAPS = ("learner", "learner/algo", "learner/service", "learner/weights", "actors", "actors/weights", "models",
-             "launch", "tandem_wire/weights")
+CODE_MAPS = ("learner", "learner/algo", "learner/service", "learner/weights", "actors", "actors/samplers",
+             "actors/weights", "models", "launch", "tandem_wire/weights")
 
 
 @pytest.mark.parametrize("package", CODE_MAPS)
