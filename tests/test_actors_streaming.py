@@ -6,7 +6,8 @@ on the weights they started with, then the version is loaded. With no drain allo
 again on the new weights. Either way every group the learner receives carries the version that produced
 all of its tokens, with that version's behaviour logprobs (checked against transformers). Under keep,
 three versions load while the groups are in flight, which continue on each: nothing is thrown away, and
-every token reaches the learner with the version that sampled it and that version's logprob."""
+every token reaches the learner with the version that sampled it and that version's logprob. In sync mode
+nothing is in flight between two calls: a version loads at once and the next batch is sampled whole with it."""
 
 from __future__ import annotations
 
@@ -148,3 +149,28 @@ def test_three_versions_load_while_groups_are_in_flight_and_every_token_keeps_it
             for prompt, c in completions for version in models])
         assert deltas.max() < 1e-3, deltas.max()
         assert stats.tokens_generated == sum(len(c.token_ids) for _, c in completions)
+
+
+def test_sync_mode_loads_a_version_at_once_and_samples_a_leased_batch_whole_with_it(ray_session, weight_dirs):
+    """rollout.sync (actors/samplers/batch.py): nothing is in the engine between two calls, so a version
+    offered while a batch waits to be sampled loads at once, even under weight_update=abort; one step then
+    samples the whole batch with it and collect sends every group, each token with that version's logprob."""
+    with _actor_and_service(weight_dirs, max_tokens=8, sync=True, weight_update="abort") as (actor, service, dirs):
+        actor._submit(actor.client.lease_prompts(2).prompts)
+        service.publish_weights(1, load_tensors(dirs[1]).items())
+        actor._maybe_update_weights(1)
+        assert actor.version == 1 and actor._weights.pending_version is None and actor.engine.in_flight == 0
+        actor.sampler.step()
+        assert actor.engine.in_flight == 0 and actor.counters.groups_sent == 0  # sampled and scored, not sent
+        actor.sampler.collect()
+        assert actor.counters.groups_sent == 2 and not actor.sampler.held()
+        assert actor.stats().tokens_aborted == 0
+
+        records = service.next_batch(2, timeout=30)
+        assert len(records) == 2 and {r.policy_version for r in records} == {1}
+        assert all(len(r.completions) == G for r in records)
+        model = hf_model(dirs[1])
+        deltas = np.concatenate([
+            np.abs(np.asarray(c.logprobs) - sampled_token_logprobs(model, r.prompt_ids, c.token_ids, TEMPERATURE))
+            for r in records for c in r.completions])
+        assert deltas.max() < 1e-3, deltas.max()
