@@ -91,8 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         run = prepare(config, stage)
         summary = run_mode(run, stage)
         previous_hf, scores = handed_off(summary)
-        results[stage] = {**scores, **other_tasks(run, Path(previous_hf)), "minutes": (time.monotonic() - started) / 60}
+        results[stage] = {**scores, **other_tasks(run, Path(previous_hf)), "steps": summary["steps"],
+                          "minutes": (time.monotonic() - started) / 60}
         print(f"\n=== after {stage}: {json.dumps(results[stage])}\n", flush=True)
+        if summary.get("finished_early"):
+            print(f"{stage} {summary['finished_early']}", flush=True)
 
     print(results_table(results))
     if "start_step" in results["sft"]:

@@ -36,6 +36,7 @@ from learner.checkpoint import Checkpointer
 from learner.mesh import is_leader
 from learner.metrics import MetricsWriter, StepCallback
 from learner.rl_loop import RLLoop
+from learner.schema import StopRule, TrainConfig, plateaued
 from learner.service.accounting import balance_violations
 from learner.service.prompt_source import PromptSource
 from learner.service.server import LearnerService
@@ -103,6 +104,20 @@ def token_report(accounting: dict[str, int], actor_stats: dict[str, Any]) -> dic
             "async_waste_fraction": (aborted + wasted["stale"]) / sampled if sampled else 0.0}
 
 
+def early_stop(train: TrainConfig, evals: dict[int, dict[str, float]]) -> str | None:
+    """Why the run ends at its latest evaluation, or None: train.stop_at's target met, or train.stop_at_plateau
+    evaluations in a row without a new best score (train.stop_at's metric, else greedy pass@1)."""
+    latest = evals[max(evals)]
+    if train.stop_at is not None and train.stop_at.met(latest, train.eval_k):
+        return f"held-out {train.stop_at.metric} reached {train.stop_at.at_least} (train.stop_at)"
+    rule = train.stop_at or StopRule(at_least=1.0)
+    scores = [rule.score(evals[step], train.eval_k) for step in sorted(evals)]
+    if train.stop_at_plateau is not None and plateaued(scores, train.stop_at_plateau):
+        return (f"held-out {rule.metric} has not passed its best, {max(scores):.3f}, in {train.stop_at_plateau} "
+                f"evaluations (train.stop_at_plateau)")
+    return None
+
+
 def run_rl_follower(run: Run, tokenizer) -> dict[str, Any]:
     """A learner process other than 0 (multi-host): the same steps, gathers and checkpoints as process 0,
     on the batches it sends; no service, actors, metrics or evaluation. Returns a one-line summary."""
@@ -157,9 +172,8 @@ def run_rl_leader(run: Run, tokenizer, writer: MetricsWriter) -> dict[str, Any]:
         def on_step(step: int, metrics: dict[str, float]) -> None:
             evaluate(step, metrics)
             progress(step, metrics)
-            stop_at = config.train.stop_at
-            if stop_at is not None and step in evals and stop_at.met(evals[step], config.train.eval_k):
-                loop.finish_early(f"held-out {stop_at.metric} reached {stop_at.at_least} (train.stop_at)")
+            if step in evals and (reason := early_stop(config.train, evals)):
+                loop.finish_early(reason)
 
         accounting = loop.run(on_step=on_step)
         actor_stats = ray.get(rollout_side.fleet.stats.remote())

@@ -70,8 +70,10 @@ def parse_config(mode: Mode, argv: list[str] | None) -> TandemConfig:
 
 def prepare(config: TandemConfig, mode: Mode) -> Run:
     """Create run_dir, the data task's files (data.task) and the initial model when none is given."""
-    if config.train.stop_at is not None and mode != "rl":
-        raise ConfigError(f"'train.stop_at' ends rl runs early; {mode} runs train.steps (train.handoff picks a step)")
+    for key in ("stop_at", "stop_at_plateau"):
+        if getattr(config.train, key) is not None and mode != "rl":
+            raise ConfigError(f"'train.{key}' ends rl runs early; {mode} runs train.steps (train.handoff picks a "
+                              f"step)")
     run_dir = Path(config.run_dir).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     log_debug_to(run_dir)

@@ -110,6 +110,17 @@ class LossConfig:
     """upper clip; epsilon_high > epsilon_low is DAPO's clip-higher"""
     beta: float = 0.0
     """k3 KL coefficient to the reference policy; 0 means no reference model"""
+    entropy_coef: float = 0.0
+    """α of the entropy bonus: the loss less α times the policy's entropy over the completion tokens
+    (aggregated as the policy loss), from the sampling distribution softmax(logits / T) in float32; with
+    entropy_target set, the coefficient's starting value (learner.algo.entropy)"""
+    entropy_target: float | None = None
+    """entropy floor (Skywork-OR1's adaptive entropy control): after each update the coefficient rises by
+    entropy_coef_step while the step's token-mean entropy is below this and falls by it (not below 0)
+    while above, and the bonus applies only while the entropy is at most the target; None: a fixed
+    entropy_coef"""
+    entropy_coef_step: float = 0.005
+    """Δ by which entropy_target moves the coefficient per update (Skywork-OR1's 0.005)"""
     aggregation: Aggregation = "token-mean"
     """'token-mean' (DAPO), 'seq-mean-token-mean' (GRPO and GSPO papers), 'seq-mean-token-sum', 'constant'
     (Dr.GRPO: sum of tokens / (N_seq * constant_normalizer))"""
@@ -152,6 +163,11 @@ class LossConfig:
             )
         if self.beta < 0.0:
             raise ValueError(f"beta must be >= 0, got {self.beta}")
+        if self.entropy_coef < 0.0 or self.entropy_coef_step <= 0.0:
+            raise ValueError(f"need entropy_coef >= 0 and entropy_coef_step > 0, got {self.entropy_coef}, "
+                             f"{self.entropy_coef_step}")
+        if self.entropy_target is not None and self.entropy_target <= 0.0:
+            raise ValueError(f"entropy_target must be > 0 (or null), got {self.entropy_target}")
         if self.aggregation == "constant" and not (self.constant_normalizer and self.constant_normalizer > 0):
             raise ValueError("aggregation='constant' needs a positive constant_normalizer")
         if self.algorithm == "decoupled_ppo" and self.correction is not None:
@@ -254,7 +270,19 @@ class StopRule(BaseModel):
     at_least: float = Field(ge=0, le=1, description="stop once the metric is at least this")
 
     def met(self, scores: dict[str, float], k: int) -> bool:
-        return scores["pass@1_greedy" if self.metric == "pass@1_greedy" else f"pass@{k}"] >= self.at_least
+        return self.score(scores, k) >= self.at_least
+
+    def score(self, scores: dict[str, float], k: int) -> float:
+        """The rule's metric among an evaluation's `scores`."""
+        return scores["pass@1_greedy" if self.metric == "pass@1_greedy" else f"pass@{k}"]
+
+
+def plateaued(scores: list[float], patience: int) -> bool:
+    """train.stop_at_plateau's rule: the last `patience` held-out scores (oldest first) have not raised the
+    best one before them; False while there are no more than `patience` scores."""
+    if len(scores) <= patience:
+        return False
+    return max(scores[-patience:]) <= max(scores[:-patience])
 
 
 class TrainConfig(Section):
@@ -290,6 +318,11 @@ class TrainConfig(Section):
     stop_at: StopRule | None = Field(None, description="rl: end the run early at the first evaluated step "
                                                        "(every eval_every) whose held-out score meets this "
                                                        "target; None: run all train.steps")
+    stop_at_plateau: int | None = Field(None, ge=1, description="rl: end the run early once this many "
+                                                                "evaluations in a row (every eval_every) "
+                                                                "have not raised the best held-out score "
+                                                                "(train.stop_at's metric, else greedy "
+                                                                "pass@1); None: no plateau rule")
     eval_k: int = Field(8, ge=1, description="samples per prompt for pass@k")
     eval_temperature: float | None = Field(None, ge=0, description="temperature of the held-out samples "
                                                                    "(pass@k, the pass rate); default: "
@@ -347,6 +380,8 @@ class TrainConfig(Section):
             raise ValueError("train.handoff chooses among evaluated steps: set train.eval_every too")
         if self.stop_at is not None and not self.eval_every:
             raise ValueError("train.stop_at stops at an evaluated step: set train.eval_every too")
+        if self.stop_at_plateau is not None and not self.eval_every:
+            raise ValueError("train.stop_at_plateau counts evaluations: set train.eval_every too")
         return self
 
     @field_validator("remat", mode="before")

@@ -5,13 +5,13 @@ than runs differ from one another.
 The checkpoint it starts from is built the demo's way, unshortened: the demo's data
 (launch/arithmetic.py's defaults, 2 digits), pretraining (launch/configs/demo_pretrain.yaml, 3600
 steps), SFT (demo_sft.yaml: 60 steps, half its rows plain-text lines replayed, evaluated every 10), then
-the RL stage as configured (up to its 200 steps) from the SFT step the demo's handoff rule chose: the
-last one whose held-out greedy is at most 0.30 while pass@8 is at least 0.10. The RL stage is evaluated
+the RL stage as configured (its step cap and entropy floor) from the SFT step the demo's handoff rule
+chose: the last one whose held-out greedy is at most 0.30 while pass@8 is at least 0.10. The RL stage is evaluated
 every 10 steps and ends early (train.stop_at) once held-out greedy is 0.22 above its start, just over the
 bar the final evaluation of hf_final must clear (greedy, it scores what the evaluation in the loop scored
 for the same weights: 0.369 both, measured): the demo's last ~150 steps, which dynamic sampling
 makes the slowest (ever more groups drawn as accuracy rises), would only take it further (0.99 in the
-demo); a start RL cannot lift runs all 200 steps and fails. Where SFT's 60th step lands moves
+demo); a start RL cannot lift runs to its plateau or its cap and fails. Where SFT's 60th step lands moves
 with the machine's arithmetic (XLA's CPU kernels sum in another order; seed 0 built here gave 0.135 on
 one machine and 0.377 on another), so the start is chosen on the numbers, not assumed. The bar is the
 gain, not the demo's figures: a start elsewhere is another start. Beside it, an SFT forced strong (a chat

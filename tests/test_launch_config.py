@@ -185,3 +185,27 @@ def test_a_stop_target_needs_evaluations_reads_its_metric_and_is_for_rl_only(tmp
     config = load_config(None, [f"run_dir={tmp_path}", "train.eval_every=10", "train.stop_at={at_least: 0.5}"])
     with pytest.raises(ConfigError, match="'train.stop_at' ends rl runs early; sft runs train.steps"):
         prepare(config, "sft")
+
+
+def test_a_plateau_ends_an_rl_run_on_its_stop_metric_and_is_for_rl_only(tmp_path):
+    from launch.rl_mode import early_stop
+
+    with pytest.raises(ConfigError, match="counts evaluations: set train.eval_every too"):
+        load_config(None, ["train.stop_at_plateau=3"])
+    train = load_config(None, ["train.eval_every=10", "train.stop_at_plateau=2"]).train
+
+    def evals(greedy: list[float], at_k: list[float] | None = None) -> dict[int, dict[str, float]]:
+        at_k = at_k or [0.0] * len(greedy)
+        pairs = enumerate(zip(greedy, at_k, strict=True))
+        return {10 * (i + 1): {"pass@1_greedy": g, "pass@8": p} for i, (g, p) in pairs}
+
+    assert early_stop(train, evals([0.2, 0.5, 0.4])) is None
+    assert "has not passed its best, 0.500, in 2 evaluations" in early_stop(train, evals([0.2, 0.5, 0.4, 0.5]))
+    # with a target, the plateau is on the target's metric (pass@k here), and the target comes first
+    both = train.model_copy(update={"stop_at": load_config(None, [
+        "train.eval_every=10", "train.stop_at={metric: pass@k, at_least: 0.9}"]).train.stop_at})
+    assert early_stop(both, evals([0.2, 0.5, 0.4, 0.5], [0.3, 0.4, 0.5, 0.6])) is None
+    assert "reached 0.9" in early_stop(both, evals([0.2, 0.1, 0.1], [0.3, 0.9, 0.9]))
+    config = load_config(None, [f"run_dir={tmp_path}", "train.eval_every=10", "train.stop_at_plateau=2"])
+    with pytest.raises(ConfigError, match="'train.stop_at_plateau' ends rl runs early"):
+        prepare(config, "sft")

@@ -69,7 +69,8 @@ def _rl_loss_and_grads(trainer: Trainer, batch) -> tuple[float, list[np.ndarray]
         arrays = shard_rows(trainer.mesh, batch._asdict())
         norm = trainer._normalizer(arrays, "rl")
         (loss, _), grads = jax.value_and_grad(trainer._rl_loss, has_aux=True)(
-            trainer.state.params, arrays, norm, None, trainer._frozen, given_old=False, remat="full")
+            trainer.state.params, arrays, norm, None, trainer._frozen, np.float32(0.0), given_old=False,
+            remat="full")
     if trainer._num_layers:  # stored stacked: compared in tunix's per-layer tree
         grads = per_layer(grads, trainer._num_layers)
     return float(loss), host_leaves(grads)

@@ -4,6 +4,7 @@
     π_prox  = π_old if the correction reweights by π_old/μ, else μ    (corrections.proximal_logps)
     ℓ_it    = policy_loss(π_θ, π_old, μ, π_prox, A)                  learner.algo.policy_losses
     loss    = aggregate(k · w · ℓ + β · k3(π_θ, π_ref), m)           the Dr.GRPO / DAPO knobs (`aggregate`)
+              − α · aggregate(H, m)                                   the entropy bonus (learner.algo.entropy)
 
 Every function here is a pure `jnp` function of per-token log-probabilities, masks and advantages, so the
 train step can jit and differentiate it. Shapes: `B` rows, `T` tokens; a packed row holds several
@@ -112,13 +113,16 @@ def rl_loss(
     old_logps: jax.Array | None = None,
     ref_logps: jax.Array | None = None,
     entropy: jax.Array | None = None,
+    entropy_coef: jax.Array | float = 0.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """RL loss of one (micro-)batch and its metrics (the module docstring's composition).
 
     Args: logps, behaviour_logps, mask (and old_logps, ref_logps, entropy): [B, T]; advantages: [B] (one
       per row) or [B, T] (per token); sequences: the rows' packed sequences; loss_fn: the policy loss
       (`policy_losses.resolve_policy_loss`); old_logps: the learner's pre-update logprobs, None on a
-      batch's first update (then sg[logps], the same values); norm: `normalizer_for(global batch mask)`.
+      batch's first update (then sg[logps], the same values); norm: `normalizer_for(global batch mask)`;
+      entropy_coef: α of the entropy bonus (a traced scalar, or 0.0: no bonus; `entropy` must carry the
+      gradient then).
     Returns: (loss, metrics); metrics are global-batch normalised too, so they sum over micro-batches:
       policy_loss, kl, entropy, behaviour_gap = token-mean |logp − behaviour| (before the update: the
       training–inference mismatch plus staleness), the loss's own (ratio_mean, clip fractions, ...) and the
@@ -151,6 +155,10 @@ def rl_loss(
         loss, kl_metric = agg(pg + config.beta * kl), token_mean(kl)
     else:
         loss, kl_metric = agg(pg), zero
+    if not (isinstance(entropy_coef, float) and entropy_coef == 0.0):
+        if entropy is None:
+            raise ValueError("an entropy bonus needs the per-token entropy")
+        loss = loss - entropy_coef * agg(entropy)
 
     metrics = {
         "policy_loss": jax.lax.stop_gradient(agg(pg)),

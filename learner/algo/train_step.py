@@ -52,6 +52,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from learner.algo import entropy as entropy_bonus
 from learner.algo.logprobs import head_and_hidden, logprobs_from_hidden
 from learner.algo.loss_rules import check_registered
 from learner.algo.losses import LossConfig, Normalizer, normalizer_for, rl_loss
@@ -201,6 +202,7 @@ class Trainer:
         self._plan_locks: dict[tuple[str, int, int], threading.Lock] = {}
         self._plan_locks_lock = threading.Lock()
         self.last_logps: jax.Array | None = None  # the last rl update's pre-update logprobs [B, T − 1]
+        self.entropy_control = entropy_bonus.EntropyControl(self.loss_config)  # α of the entropy bonus
 
     def _split(self) -> tuple[nnx.GraphDef, nnx.State, Frozen, nnx.State]:
         """Graph definition, trainable params, frozen base and the rest of the model. With LoRA the base is
@@ -229,7 +231,11 @@ class Trainer:
         arrays = batch._asdict()
         if old_logps is not None:
             arrays["old_logps"] = old_logps
-        metrics = self._run("rl" if old_logps is None else "rl_again", arrays, batch.completion_mask)
+        coef = self.entropy_control.coef
+        metrics = self._run("rl" if old_logps is None else "rl_again", arrays, batch.completion_mask, coef)
+        if not metrics.get("update_skipped"):
+            self.entropy_control.observe(metrics["entropy"])
+            metrics["entropy_coef"] = coef
         if "is_ratio_mean" in metrics:  # effective sample size of ρ = π_old/μ: (Σρ)² / (N Σρ²)
             metrics["is_ess"] = metrics["is_ratio_mean"] ** 2 / max(metrics["is_ratio_sq_mean"], 1e-30)
         if old_logps is None and not metrics.get("update_skipped"):
@@ -363,8 +369,8 @@ class Trainer:
             raise ValueError(f"batch of {rows} rows does not split into {parts or self.micro_batches} micro-batches")
         return parts
 
-    def _run(self, kind: str, arrays: Mapping[str, np.ndarray | jax.Array], loss_mask: np.ndarray
-             ) -> dict[str, float]:
+    def _run(self, kind: str, arrays: Mapping[str, np.ndarray | jax.Array], loss_mask: np.ndarray,
+             entropy_coef: float = 0.0) -> dict[str, float]:
         self._parts(kind, *loss_mask.shape)
         if not loss_mask.any():
             return dict(SKIPPED)
@@ -372,7 +378,8 @@ class Trainer:
             batch = shard_rows(self.mesh, {k: v for k, v in arrays.items() if isinstance(v, np.ndarray)})
             batch.update({k: v for k, v in arrays.items() if not isinstance(v, np.ndarray)})  # already placed
             plan = self._plan(kind, batch)
-            self.state, metrics, logps = self._step(kind, plan)(self.state, batch, self._reference, self._frozen)
+            self.state, metrics, logps = self._step(kind, plan)(self.state, batch, self._reference, self._frozen,
+                                                                np.float32(entropy_coef))
             if kind.startswith("rl"):
                 self.last_logps = logps
             metrics = to_host(metrics)
@@ -388,15 +395,16 @@ class Trainer:
             update = functools.partial(self._update, loss_fn=functools.partial(loss_fn, remat=plan.remat), kind=kind,
                                        parts=plan.parts)
 
-            def step(state: TrainState, batch: Batch, reference: nnx.State | None, frozen: Frozen):
-                return update(state, batch, reference, frozen)
+            def step(state: TrainState, batch: Batch, reference: nnx.State | None, frozen: Frozen,
+                     entropy_coef: jax.Array):
+                return update(state, batch, reference, frozen, entropy_coef)
 
             step.__name__ = step.__qualname__ = f"train_step_{kind}"
             self._steps[key] = jax.jit(step, donate_argnums=0)
         return self._steps[key]
 
     def _lowered(self, kind: str, plan: StepPlan, batch: Batch) -> jax.stages.Lowered:
-        return self._step(kind, plan).lower(self.state, batch, self._reference, self._frozen)
+        return self._step(kind, plan).lower(self.state, batch, self._reference, self._frozen, np.float32(0.0))
 
     def _abstract_batch(self, arrays: Mapping[str, np.ndarray | jax.Array]) -> Batch:
         """Shapes, dtypes and row shardings of a batch, for compiling without placing it."""
@@ -431,7 +439,8 @@ class Trainer:
         mask = batch["loss_mask" if kind == "ce" else "completion_mask"][:, 1:]
         return normalizer_for(mask, Sequences.of(batch["segment_ids"][:, 1:]))
 
-    def _update(self, state: TrainState, batch: Batch, reference: nnx.State | None, frozen: Frozen, *,
+    def _update(self, state: TrainState, batch: Batch, reference: nnx.State | None, frozen: Frozen,
+                entropy_coef: jax.Array, *,
                 loss_fn: LossFn, kind: str, parts: int) -> tuple[TrainState, dict[str, jax.Array], jax.Array]:
         norm = self._normalizer(batch, kind)
         k = parts
@@ -440,12 +449,12 @@ class Trainer:
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
         def accumulate(carry, mb):
-            (loss, (metrics, logps)), grads = grad_fn(state.params, mb, norm, reference, frozen)
+            (loss, (metrics, logps)), grads = grad_fn(state.params, mb, norm, reference, frozen, entropy_coef)
             return jax.tree.map(jnp.add, carry, ((loss, metrics), grads)), logps
 
         first = jax.tree.map(lambda x: x[0], micro)
         (loss_shape, (metric_shapes, _)), grad_shapes = jax.eval_shape(grad_fn, state.params, first, norm, reference,
-                                                                        frozen)
+                                                                        frozen, entropy_coef)
         zeros = jax.tree.map(jnp.zeros_like, ((loss_shape, metric_shapes), grad_shapes))
         ((loss, metrics), grads), logps = jax.lax.scan(accumulate, zeros, micro)
         logps = logps.swapaxes(0, 1).reshape(batch["input_ids"].shape[0], *logps.shape[2:])  # the batch's row order
@@ -473,7 +482,7 @@ class Trainer:
         return nnx.merge(self._graphdef, params, self._rest) if self.float32_logits else None
 
     def _rl_loss(self, params: nnx.State, mb: Batch, norm: Normalizer, reference: nnx.State | None,
-                 frozen: Frozen, *, given_old: bool, remat: str = "none"):
+                 frozen: Frozen, entropy_coef: jax.Array, *, given_old: bool, remat: str = "none"):
         def logprobs(p: nnx.State, head: nnx.Module | None) -> tuple[jax.Array, jax.Array]:
             model = self._merge(p, frozen, remat)
             hidden = packed_hidden(model, mb["input_ids"], mb["segment_ids"], mb["positions"])[:, :-1]
@@ -488,12 +497,13 @@ class Trainer:
         loss, metrics = rl_loss(logps, mb["behaviour_logps"][:, 1:], mb["advantages"][:, 1:],
                                 mb["completion_mask"][:, 1:], Sequences.of(mb["segment_ids"][:, 1:]),
                                 self.loss_config, norm, self._policy_loss,
-                                old_logps=mb["old_logps"] if given_old else None, ref_logps=ref, entropy=entropy)
+                                old_logps=mb["old_logps"] if given_old else None, ref_logps=ref, entropy=entropy,
+                                entropy_coef=entropy_coef if entropy_bonus.enabled(self.loss_config) else 0.0)
         return loss, (metrics, jax.lax.stop_gradient(logps))
 
     def _ce_loss(self, params: nnx.State, mb: Batch, norm: Normalizer, reference: nnx.State | None,
-                 frozen: Frozen, *, remat: str = "none"):
-        del reference  # no KL term in sft / pretrain
+                 frozen: Frozen, entropy_coef: jax.Array, *, remat: str = "none"):
+        del reference, entropy_coef  # no KL term or entropy bonus in sft / pretrain
         loss, metrics = masked_cross_entropy(self._merge(params, frozen, remat), mb, mb["input_ids"][:, 1:], norm,
                                              self.chunk_tokens, float32_head=self._float32_head(params))
         return loss, (metrics, jnp.zeros((mb["input_ids"].shape[0], 0), jnp.float32))
