@@ -97,6 +97,7 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_run(hf_dir, data, tmp_p
     for _ in range(FIRST + MORE):
         trainer.pretrain_step(next(batches))
     expected = host_leaves(trainer.state.params)
+    expected_per_layer = host_leaves(nnx.state(trainer.model, nnx.Param))  # the export's tree (tunix's)
 
     out, _ = second.communicate(timeout=600)
     assert second.returncode == 0, (tmp_path / "second.log").read_text()[-3000:]
@@ -111,7 +112,7 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_run(hf_dir, data, tmp_p
         np.testing.assert_array_equal(a, b)  # exactly, not approximately
     # the exported HF dir holds the same weights
     exported = host_leaves(nnx.state(load_model(tmp_path / "hf").model, nnx.Param))
-    for a, b in zip(exported, expected, strict=True):
+    for a, b in zip(exported, expected_per_layer, strict=True):
         np.testing.assert_array_equal(a, b)
 
 

@@ -66,11 +66,14 @@ def train(model_dir, batches, precision: str, lr: float):
     trainer = Trainer(load_model(model_dir, mesh=mesh, dtype=param_dtype), mesh,
                       OptimizerConfig(learning_rate=lr, schedule="constant", max_grad_norm=None),
                       compute_dtype=compute_dtype)
-    before = jax.tree.map(lambda x: np.asarray(x, np.float64), jax.device_get(trainer.state.params))
+    def params():  # in tunix's per-layer tree, as float32_loss's model takes them (the state is stacked)
+        return jax.device_get(nnx.state(trainer.model, nnx.Param))
+
+    before = jax.tree.map(lambda x: np.asarray(x, np.float64), params())
     for batch in batches:
         metrics = trainer.sft_step(batch)
         assert np.isfinite(metrics["loss"]) and not metrics["update_skipped"]
-    return before, jax.device_get(trainer.state.params), trainer
+    return before, params(), trainer
 
 
 def flat(tree) -> np.ndarray:
