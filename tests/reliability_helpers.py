@@ -126,9 +126,10 @@ class FleetRun:
     stats: dict
 
 
-def run_with_fleet(run, num_actors: int, ready=None) -> FleetRun:
+def run_with_fleet(run, num_actors: int, ready=None, settle=None) -> FleetRun:
     """Train the run to its end with its learner and a fleet of `num_actors` actors (after `ready(loop)`
-    returns, when given), then stop the fleet, the service and the checkpointer."""
+    returns, when given), then (after `settle(loop)` returns, when given) stop the fleet, the service and
+    the checkpointer."""
     loop = build_learner(run)
     address = loop.start()
     pool, fleet = start_fleet(run, address, num_actors)
@@ -143,6 +144,8 @@ def run_with_fleet(run, num_actors: int, ready=None) -> FleetRun:
         if ready is not None:
             ready(loop)
         accounting = loop.run(on_step=on_step)
+        if settle is not None:
+            settle(loop)
     finally:
         stats = stop_fleet(pool, fleet)
         loop.service.stop()

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from actors_helpers import chat_prompt, greedy_tokens, hf_model, sampled_token_logprobs
 from reliability_helpers import PROMPTS_PER_STEP, check_run, final_history, run_with_fleet, tiny_run
+from wire_helpers import wait_until
 
 from actors.engine import RolloutEngine
 from models.peft import LoraConfig
@@ -37,7 +38,10 @@ PROMPTS = [chat_prompt("12+30"), chat_prompt("7+8"), chat_prompt("64+64")]
 def rl_run(tmp_path, name: str, overrides: list[str]):
     """Run STEPS synchronous RL steps with one actor; (run, loop, per-step metrics, the actor's stats)."""
     run = tiny_run(tmp_path / name, steps=STEPS, checkpoint_every=STEPS, overrides=[*OVERRIDES, *overrides])
-    done = run_with_fleet(run, num_actors=1)
+    # the last version is published as the loop returns: wait for the actor to report it loaded (CI, loaded
+    # machine: the fleet was once stopped before the actor had fetched it)
+    done = run_with_fleet(run, num_actors=1, settle=lambda loop: wait_until(
+        lambda: [a.weight_version for a in loop.service.actors_status()] == [STEPS], 60.0, "the final version"))
     check_run(done.accounting, final_history(done.entries), STEPS)
     [actor] = done.stats.values()
     return run, done.loop, done.metrics, actor
