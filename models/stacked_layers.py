@@ -48,7 +48,6 @@ class StackedLayers(nnx.Module):
         graphdef, first = nnx.split(layers[0])
         states = [first, *(nnx.split(layer)[1] for layer in layers[1:])]
         self.layer_graphdef = graphdef
-        self.num_layers = len(layers)
         self.stacked = nnx.data(jax.tree.map(
             lambda *variables: _with_layer_axis(variables[0], jnp.stack([v.get_value() for v in variables])),
             *states, is_leaf=_is_variable))
