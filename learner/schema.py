@@ -379,9 +379,11 @@ class TrainConfig(Section):
         if self.handoff is not None and not self.eval_every:
             raise ValueError("train.handoff chooses among evaluated steps: set train.eval_every too")
         if self.stop_at is not None and not self.eval_every:
-            raise ValueError("train.stop_at stops at an evaluated step: set train.eval_every too")
+            raise ValueError("train.stop_at stops at an evaluated step: set train.eval_every too, or "
+                             "train.stop_at=null to run every step")
         if self.stop_at_plateau is not None and not self.eval_every:
-            raise ValueError("train.stop_at_plateau counts evaluations: set train.eval_every too")
+            raise ValueError("train.stop_at_plateau counts evaluations: set train.eval_every too, or "
+                             "train.stop_at_plateau=null to run every step")
         return self
 
     @field_validator("remat", mode="before")

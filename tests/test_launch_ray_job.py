@@ -63,6 +63,7 @@ def test_the_readme_cluster_commands_run_as_written_with_token_auth(tmp_path):
     tiny_run = [f"run_dir={run_dir}", f"data.dir={data_dir}", f"train.steps={STEPS}",
                 f"train.prompts_per_step={PROMPTS}", f"rollout.group_size={GROUP}", "rollout.prompts_per_batch=4",
                 "rollout.queue_capacity=8", "optim.warmup_steps=0", "train.eval_every=0", "train.checkpoint_every=1",
+                "train.stop_at=null", "train.stop_at_plateau=null",  # the demo's early end needs evaluations
                 "data.eval_examples=16", "algo.dynamic_sampling=off",  # from scratch no group has signal
                 "train.compile_ahead=first"]
     temp_dir = tempfile.mkdtemp(prefix="tdm-", dir="/tmp")  # short: unix socket paths are limited

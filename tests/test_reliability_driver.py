@@ -33,6 +33,7 @@ def rl_job(ray_head, run_dir, data_dir) -> list[str]:
         f"train.checkpoint_every={CHECKPOINT_EVERY}", f"rollout.group_size={GROUP}", "rollout.prompts_per_batch=4",
         "rollout.queue_capacity=8", "rollout.lease_seconds=10", "rollout.fleet_name=driver-kill-test",
         "optim.warmup_steps=0", "train.eval_every=0", "data.eval_examples=16", "train.compile_ahead=first",
+        "train.stop_at=null", "train.stop_at_plateau=null",  # the demo's early end needs evaluations
         # the asynchronous loop (as the demo config is), pinned: groups in flight across the kill
         "rollout.sync=false", "rollout.max_staleness=1",
         # a model from scratch gets no reward: 'fill' would retire every group and train on none

@@ -6,19 +6,19 @@ At η = 4 (issue 40's table) and harder settings (η = 8).
         [--corrections none token_tis icepop token_mask seq_mask_geo offpolicy_seq_mask --etas 4 8 \\
          --out runs/corrections]
 
-Each start (an SFT checkpoint, e.g. `runs/demo/sft/hf_selected` of `make demo DEMO_ARGS="--seed N"`, with
-that seed's data dir) runs the demo's RL stage (launch/configs/demo_rl.yaml: 200 steps, held-out
-evaluation every 20) through `launch/rl.py` with rollout.max_staleness = η, for each η of --etas, and
-`algo.correction` set to each kind at its defaults (learner/schema.py: IcePop at the paper's band
-[0.5, 5], the token mask at [0.5, 2], DeepSeek-V3.2's mask at δ = 0.05); `none` is no correction. Extra
-`key=value` arguments go to every run (e.g. `rollout.temperature=1.5` for actors sampling hotter than the
-held-out evaluation's train.eval_temperature). Prints one JSON line: per run the curve (minutes without
-evaluations, held-out greedy), the final accuracy, the first minute at or above --target, whether it
-collapsed (an evaluation --collapse or more below the best one before it) and its off-policy picture
-(means over steps of staleness, is_ess, kl_old_behaviour, masked and capped fractions); per η and
-correction the medians and ranges over the starts and the count of collapses. Minutes move with the
-machine's load; steps to --target (evaluated every 20) do not. A finished run (its summary.json) is
-read again, not repeated, so an interrupted table resumes.
+Each start (an SFT checkpoint, e.g. `runs/demo/sft/hf_selected` of `make demo DEMO_ARGS="--seed N"`, with that
+seed's data dir) runs the demo's RL stage (launch/configs/demo_rl.yaml, held-out evaluation every 20) for all
+of --steps steps (no early end at the demo's target) through `launch/rl.py` with rollout.max_staleness = η,
+for each η of --etas, and `algo.correction` set to each kind at its defaults (learner/schema.py: IcePop at the
+paper's band [0.5, 5], the token mask at [0.5, 2], DeepSeek-V3.2's mask at δ = 0.05); `none` is no correction.
+Extra `key=value` arguments go to every run (e.g. `rollout.temperature=1.5` for actors sampling hotter than
+the held-out evaluation's train.eval_temperature). Prints one JSON line: per run the curve (minutes without
+evaluations, held-out greedy), the final accuracy, the first minute at or above --target, whether it collapsed
+(an evaluation --collapse or more below the best one before it) and its off-policy picture (means over steps
+of staleness, is_ess, kl_old_behaviour, masked and capped fractions); per η and correction the medians and
+ranges over the starts and the count of collapses. Minutes move with the machine's load; steps to --target
+(evaluated every 20) do not. A finished run (its summary.json) is read again, not repeated, so an interrupted
+table resumes.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_time_to_accuracy import DEMO_CONFIG, GREEDY, ROOT, curve, first_at, median_or_none  # noqa: E402
+from bench_time_to_accuracy import DEMO_CONFIG, EVERY_STEP, GREEDY, ROOT, curve, first_at, median_or_none  # noqa: E402
 
 PICTURE = ("staleness_mean", "is_ess", "kl_old_behaviour", "masked_token_frac", "capped_token_frac", "is_weight_mean",
            "log_ratio_clamped_frac")
@@ -64,8 +64,10 @@ def run_one(args: argparse.Namespace, eta: int, kind: str, index: int) -> dict:
     start, data = args.starts[index], args.data[index]
     run_dir = Path(args.out) / f"eta{eta}" / f"{kind}-start{index}"
     cmd = [sys.executable, str(ROOT / "launch" / "rl.py"), str(DEMO_CONFIG), f"run_dir={run_dir}",
-           f"seed={index}", f"model.path={start}", f"data.dir={data}", f"rollout.max_staleness={eta}",
-           f"rollout.fleet_name=corrections-{eta}-{kind}-{index}", *correction_override(kind), *args.overrides]
+           f"seed={index}", f"model.path={start}", f"train.steps={args.steps}", f"data.dir={data}",
+           f"rollout.max_staleness={eta}",
+           f"rollout.fleet_name=corrections-{eta}-{kind}-{index}", *EVERY_STEP, *correction_override(kind),
+           *args.overrides]
     # every run compiles its steps: JAX's persistent cache would spare the runs after the first
     env = {**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"}
     if not (run_dir / "summary.json").exists():  # a finished run is read again, not repeated
@@ -104,6 +106,7 @@ def main() -> None:
     parser.add_argument("--data", nargs="+", required=True, help="each start's data.dir")
     parser.add_argument("--corrections", nargs="+", default=list(CORRECTIONS), choices=CORRECTIONS)
     parser.add_argument("--etas", nargs="+", type=int, default=[4], help="rollout.max_staleness, one setting each")
+    parser.add_argument("--steps", type=int, default=200, help="train.steps of every run")
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--collapse", type=float, default=0.2)
     parser.add_argument("--out", default="runs/corrections")

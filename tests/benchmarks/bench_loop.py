@@ -97,6 +97,8 @@ def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         config = load_config(args.config, [*overrides, f"run_dir={tmp}/run", f"data.dir={tmp}/data",
                                            f"train.steps={args.steps}", "train.eval_every=0",
+                                           # no evaluations, so no early end at a held-out target
+                                           "train.stop_at=null", "train.stop_at_plateau=null",
                                            f"train.checkpoint_every={args.steps + 1}"])
         prepared = prepare(config, "rl")
         pinned = {"actors": sorted(split[0]), "learner": sorted(split[1])} if split else None

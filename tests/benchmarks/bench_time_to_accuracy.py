@@ -37,6 +37,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = ROOT / "launch" / "configs" / "demo_rl.yaml"
 GREEDY = "eval/pass@1_greedy"
+# The demo's RL stage ends at its held-out target or a plateau; runs compared side by side run every step.
+EVERY_STEP = ["train.stop_at=null", "train.stop_at_plateau=null"]
 
 
 def mode_overrides(eta: int, prompts_per_step: int) -> list[str]:
@@ -81,7 +83,8 @@ def run_one(args: argparse.Namespace, eta: int, seed: int, prompts_per_step: int
     cmd = [sys.executable, str(entry), str(args.config), f"run_dir={run_dir}",
            f"seed={seed}", f"model.path={args.model}", f"data.dir={args.data}", f"train.steps={args.steps}",
            f"train.eval_every={args.eval_every}", f"train.checkpoint_every={args.steps}",
-           f"rollout.fleet_name=tta-eta{eta}-{seed}", *mode_overrides(eta, prompts_per_step), *args.overrides]
+           f"rollout.fleet_name=tta-eta{eta}-{seed}", *EVERY_STEP, *mode_overrides(eta, prompts_per_step),
+           *args.overrides]
     # every run compiles its steps: JAX's persistent cache would spare the runs after the first
     env = {**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"}
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, env=env)
