@@ -21,6 +21,16 @@ from flax import nnx
 LAYERS, STACKED = "layers", "stacked"  # the model's attribute holding its layers; StackedLayers' variables
 
 
+def _stack(values: Sequence[jax.Array]) -> jax.Array:
+    """The layers' arrays of one weight kind along a new leading axis, laid out as they are plus that unsharded
+    axis (the layout the train state puts them on, so it takes them without a copy)."""
+    sharding = values[0].sharding
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return jnp.stack(values)
+    stacked = sharding.update(spec=jax.sharding.PartitionSpec(None, *sharding.spec))
+    return jax.jit(lambda *xs: jnp.stack(xs), out_shardings=stacked)(*values)
+
+
 def _with_layer_axis(variable: nnx.Variable, value: jax.Array) -> nnx.Variable:
     """`variable` holding `value` (the layers stacked), its sharding names with a leading unsharded axis."""
     names = variable.get_metadata().get("out_sharding")
@@ -49,7 +59,7 @@ class StackedLayers(nnx.Module):
         states = [first, *(nnx.split(layer)[1] for layer in layers[1:])]
         self.layer_graphdef = graphdef
         self.stacked = nnx.data(jax.tree.map(
-            lambda *variables: _with_layer_axis(variables[0], jnp.stack([v.get_value() for v in variables])),
+            lambda *variables: _with_layer_axis(variables[0], _stack([v.get_value() for v in variables])),
             *states, is_leaf=_is_variable))
 
     def graphdef_and_state(self) -> tuple[nnx.GraphDef, nnx.State]:
@@ -58,10 +68,18 @@ class StackedLayers(nnx.Module):
 
 
 def stacked_model(model: nnx.Module) -> nnx.Module:
-    """A copy of `model` (sharing its non-layer arrays) whose layers are one StackedLayers (new arrays)."""
-    model = nnx.clone(model)
-    setattr(model, LAYERS, StackedLayers(getattr(model, LAYERS)))
-    return model
+    """A copy of `model` (sharing its non-layer arrays) whose layers are one StackedLayers. The layer weights
+    move: `model`'s per-layer arrays are freed once stacked, so the device holds one copy of them, not two
+    (≈2 GB at Qwen2.5-0.5B in float32). `model` keeps the per-layer tree for `per_layer` states to refill."""
+    layer_arrays = jax.tree.leaves(nnx.state(getattr(model, LAYERS)))
+    if any(x.is_deleted() for x in layer_arrays):
+        raise ValueError("the model's layer weights were moved into a stacked model already (one Trainer per "
+                         "loaded model): load it again")
+    copy = nnx.clone(model)
+    setattr(copy, LAYERS, StackedLayers(getattr(copy, LAYERS)))
+    for x in layer_arrays:
+        x.delete()
+    return copy
 
 
 def per_layer(state: nnx.State, num_layers: int) -> nnx.State:

@@ -175,8 +175,8 @@ class Trainer:
         self.remat, self._budget_gib = remat, memory_budget_gib
         # static attributes: part of the graph definition (the remat policy is set per step: _merge)
         loaded.model.attention_impl, loaded.model.scan_layers = attention, scan_layers
-        # under a scan the trained copy stores its layers stacked (models.stacked_layers); `loaded.model` keeps
-        # tunix's per-layer tree for exports (_bound)
+        # under a scan the trained copy stores its layers stacked (models.stacked_layers), and `loaded.model`
+        # keeps tunix's per-layer tree, its layer arrays freed, for exports to refill (_bound)
         self._num_layers = len(loaded.model.layers) if scan_layers else 0
         self._model = stacked_model(loaded.model) if scan_layers else loaded.model
         log.info("%s; remat %s; layers %s; logits in %s", describe(attention), remat,
