@@ -24,7 +24,7 @@ LAYERS, STACKED = "layers", "stacked"  # the model's attribute holding its layer
 def _stack(values: Sequence[jax.Array]) -> jax.Array:
     """The layers' arrays of one weight kind along a new leading axis, laid out as they are plus that unsharded
     axis (the layout the train state puts them on, so it takes them without a copy)."""
-    sharding = values[0].sharding
+    sharding = None if isinstance(values[0], jax.core.Tracer) else values[0].sharding  # traced: XLA lays it out
     if not isinstance(sharding, jax.sharding.NamedSharding):
         return jnp.stack(values)
     stacked = sharding.update(spec=jax.sharding.PartitionSpec(None, *sharding.spec))
