@@ -77,28 +77,35 @@ def _rl_loss_and_grads(trainer: Trainer, batch) -> tuple[float, list[np.ndarray]
     return float(loss), host_leaves(grads)
 
 
-@pytest.mark.parametrize("mesh_shape", [(1, 1), (4, 2)], ids=["one-device", "fsdp4-tp2"])
-def test_stacking_moves_the_layer_weights_so_the_device_holds_one_copy(hf_dir, mesh_shape):
+@pytest.mark.parametrize(("mesh_shape", "lora"), [((1, 1), False), ((4, 2), False), ((1, 1), True)],
+                         ids=["one-device", "fsdp4-tp2", "lora-bf16-base"])
+def test_stacking_moves_the_layer_weights_so_the_device_holds_one_copy(hf_dir, mesh_shape, lora):
     """The stacked train state replaces the loaded per-layer arrays rather than sitting beside them (at 0.5B in
-    float32 the second copy was 2 GB of a 16 GB chip); exports refill the per-layer tree from the state, and a
-    second Trainer on the moved model is refused with a clear error, not a crash on a deleted buffer."""
+    float32 the second copy was 2 GB of a 16 GB chip; with LoRA, of the frozen base); exports refill the
+    per-layer tree from the state, and a second Trainer on the moved model is refused with a clear error, not
+    a crash on a deleted buffer."""
     mesh = make_mesh(*mesh_shape)
-    loaded = load_model(hf_dir, mesh=mesh)
+    loaded = load_model(hf_dir, mesh=mesh, dtype="bfloat16" if lora else "float32")
+    if lora:
+        with jax.set_mesh(mesh):
+            loaded = apply_lora(loaded, LoraConfig(rank=4, alpha=8.0), seed=1)
     layer_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(loaded.model.layers)))
     before = sum(x.nbytes for x in jax.live_arrays())
-    trainer = Trainer(loaded, mesh, OPTIMIZER)
+    trainer = Trainer(loaded, mesh, OPTIMIZER, compute_dtype="bfloat16" if lora else None)
     assert all(x.is_deleted() for x in jax.tree.leaves(nnx.state(loaded.model.layers)))
-    params_bytes = sum(x.nbytes for x in jax.tree.leaves(trainer.state.params))
     opt_bytes = sum(x.nbytes for x in jax.tree.leaves(trainer.state.opt_state))
     # what the Trainer added: the optimizer's moments (and a few scalars), not another copy of the layers
     grown = sum(x.nbytes for x in jax.live_arrays()) - before
-    assert grown < opt_bytes + layer_bytes // 4, (grown, opt_bytes, layer_bytes, params_bytes)
+    assert grown < opt_bytes + layer_bytes // 4, (grown, opt_bytes, layer_bytes)
     with pytest.raises(ValueError, match="load it again"):
         Trainer(loaded, mesh, OPTIMIZER)
-    exported = dict(trainer.hf_tensors(dtype="float32"))
-    np.testing.assert_array_equal(exported["model.layers.1.mlp.down_proj.weight"],
-                                  np.asarray(trainer.state.params["layers"]["stacked"]["mlp"]["down_proj"]
-                                             ["kernel"][...])[1].T)
+    name = "model.layers.1.mlp.down_proj.weight"
+    exported = dict(trainer.hf_tensors(dtype="float32"))[name]
+    if lora:  # the merged weight W + (α/r)·B·A; B starts at zero, so W, the frozen base's slice
+        stored = trainer._frozen[0]["layers"]["stacked"]["mlp"]["down_proj"]["kernel"]
+    else:
+        stored = trainer.state.params["layers"]["stacked"]["mlp"]["down_proj"]["kernel"]
+    np.testing.assert_array_equal(exported, np.asarray(stored[...], np.float32)[1].T)
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full-weights", "lora"])
