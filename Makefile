@@ -17,7 +17,7 @@ EXTRAS := $(if $(filter gpu,$(ACCEL)),dev$(COMMA)gpu$(COMMA)trackers,dev$(COMMA)
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
-.PHONY: env demo test test-fast proto proto-check config-doc config-doc-check clean
+.PHONY: env trackio-env demo test test-fast proto proto-check config-doc config-doc-check clean
 
 # vLLM goes in first and alone: its CPU wheel pins torch==2.13.0+cpu, and PyPI's torchvision /
 # torchaudio / torchcodec (CUDA builds) make `from vllm import LLM` crash on CPU, so they are removed
@@ -33,6 +33,21 @@ $(STAMP): pyproject.toml $(CONSTRAINTS_FILE)
 
 env: $(STAMP)
 
+# trackio beside the stack (docs/tracking.md): every trackio release needs pillow<13 and the stacks pin
+# pillow 13.0.0, so trackio and its pillow go into .trackio-site/, not the venv; only processes that put
+# it first on PYTHONPATH (the trackio tests' own) see them. Its other dependencies resolve against the
+# stack's constraints less pillow's line (the venv's own versions); constraints-trackio.txt pins the rest.
+# --no-warn-conflicts: pip would list the venv's deliberate gaps (torchvision...), not the side dir's.
+TRACKIO_SITE := .trackio-site
+TRACKIO_STAMP := $(TRACKIO_SITE)/.tandem-installed
+$(TRACKIO_STAMP): constraints-trackio.txt $(CONSTRAINTS_FILE) | $(STAMP)
+	rm -rf $(TRACKIO_SITE)
+	$(PIP) install -q --no-warn-conflicts --target $(TRACKIO_SITE) -c constraints-trackio.txt \
+		-c <(grep -v '^pillow==' $(CONSTRAINTS_FILE)) trackio 'pillow<13'
+	touch $(TRACKIO_STAMP)
+
+trackio-env: $(TRACKIO_STAMP)
+
 # `make demo DEMO_ARGS="--seed 1"` runs another seed; DEMO_ARGS="rl.model.lora.rank=16 rl.optim.learning_rate=3e-3"
 # runs the RL stage with LoRA (docs/lora.md).
 demo: env
@@ -42,11 +57,11 @@ demo: env
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),-n 0,-n $(TEST_WORKERS) --no-loadscope-reorder)
 
-test: env
+test: env trackio-env
 	$(PY) -m pytest tests $(XDIST) --durations=25
 
 # The developer's loop: everything but the tests marked slow (real engines, Ray clusters, long training).
-test-fast: env
+test-fast: env trackio-env
 	$(PY) -m pytest tests -m "not slow" $(XDIST) --durations=10
 
 proto: env
@@ -65,4 +80,4 @@ config-doc-check: config-doc
 	git diff --exit-code -- docs/config.md
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(TRACKIO_SITE)

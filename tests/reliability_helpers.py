@@ -58,25 +58,30 @@ def write_rl_data(path: Path, n: int = 96, seed: int = 0) -> Path:
     return path
 
 
-def tiny_run(run_dir: Path, *, steps: int, checkpoint_every: int = 1, port: int = 0, overrides: list[str] = ()):
-    """A prepared launch Run: tiny model, few steps, P=4 prompts × G=4 completions × 4 tokens;
-    `overrides` are further config key=value pairs."""
-    from launch.config import load_config
-    from launch.run import prepare
-
+def tiny_overrides(run_dir: Path, *, steps: int, checkpoint_every: int = 1, port: int = 0,
+                   overrides: list[str] = ()) -> list[str]:
+    """tiny_run's config as key=value pairs (for `launch/rl.py` too); writes its data file."""
     data = run_dir / "rl.jsonl"
     if not data.exists():
         write_rl_data(data)
-    overrides = [f"run_dir={run_dir}", f"data.train={data}", "mesh.fsdp=1", *TINY_MODEL,
-                 f"train.steps={steps}", f"train.prompts_per_step={PROMPTS_PER_STEP}",
-                 f"train.checkpoint_every={checkpoint_every}", "train.keep_checkpoints=2", "train.eval_every=0",
-                 "optim.warmup_steps=0", f"rollout.group_size={GROUP_SIZE}", "rollout.max_tokens=4",
-                 "rollout.max_prompt_tokens=16", "rollout.max_model_len=32", "rollout.kv_cache_gib=0.125",
-                 "train.compile_ahead=first",  # the tiny step compiles in seconds; 2 cores are for the actors
-                 "rollout.prompts_per_batch=4", "rollout.num_cpus=0", "rollout.queue_capacity=8",
-                 f"rollout.lease_seconds={LEASE_SECONDS}", "rollout.max_staleness=1", f"server.port={port}",
-                 *overrides]
-    return prepare(load_config(None, overrides), "rl")
+    return [f"run_dir={run_dir}", f"data.train={data}", "mesh.fsdp=1", *TINY_MODEL,
+            f"train.steps={steps}", f"train.prompts_per_step={PROMPTS_PER_STEP}",
+            f"train.checkpoint_every={checkpoint_every}", "train.keep_checkpoints=2", "train.eval_every=0",
+            "optim.warmup_steps=0", f"rollout.group_size={GROUP_SIZE}", "rollout.max_tokens=4",
+            "rollout.max_prompt_tokens=16", "rollout.max_model_len=32", "rollout.kv_cache_gib=0.125",
+            "train.compile_ahead=first",  # the tiny step compiles in seconds; 2 cores are for the actors
+            "rollout.prompts_per_batch=4", "rollout.num_cpus=0", "rollout.queue_capacity=8",
+            f"rollout.lease_seconds={LEASE_SECONDS}", "rollout.max_staleness=1", f"server.port={port}",
+            *overrides]
+
+
+def tiny_run(run_dir: Path, **options):
+    """A prepared launch Run: tiny model, few steps, P=4 prompts × G=4 completions × 4 tokens;
+    `options` are tiny_overrides' (steps, checkpoint_every, port, further config `overrides`)."""
+    from launch.config import load_config
+    from launch.run import prepare
+
+    return prepare(load_config(None, tiny_overrides(run_dir, **options)), "rl")
 
 
 def build_learner(run):

@@ -5,7 +5,6 @@ tests/test_tracking_rl.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import math
@@ -13,8 +12,16 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-from tracking_helpers import trackio_config, trackio_history, wandb_config, wandb_history, wandb_offline_run
+from tracking_helpers import (
+    TRACKIO_SITE,
+    in_trackio_env,
+    needs_trackio,
+    trackio_picture,
+    trackio_run,
+    wandb_config,
+    wandb_history,
+    wandb_offline_run,
+)
 
 from launch.config import load_config
 from launch.demo import stage_overrides
@@ -165,15 +172,21 @@ def test_wandb_offline_holds_every_step_the_config_and_the_picture(tmp_path):
     assert history[3]["curves/_type"] == "image-file" and (run / "files" / history[3]["curves/path"]).is_file()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("trackio") is None,
-                    reason="trackio not installed (pip install trackio: it needs pillow<13, pyproject.toml)")
+@needs_trackio
 def test_trackio_local_store_holds_every_step_the_config_and_the_picture(tmp_path):
-    logging_config = LoggingConfig.model_validate({"trackio": {"enabled": True, "project": "unit"}})
-    trackers = open_trackers(logging_config, name="unit", config={"train": {"steps": 3}}, run_dir=tmp_path)
-    with MetricsWriter(tmp_path / "tb", trackers=trackers) as writer:
-        write_steps(writer)
-        writer.report(3, {"eval_final/pass@1_greedy": 0.5}, {"curves": FIGURE})
-    assert not trackers[0].failed
-    history = trackio_history("unit", "unit")
-    check_history(history, trackio_config("unit", "unit"))
+    """The run goes through the project's trackers in trackio's own environment (tracking_helpers): its
+    pillow<13 from .trackio-site, not the stack's 13; the store is read back there with trackio's API."""
+    spec = {"logging": {"trackio": {"enabled": True, "project": "unit"}}, "name": "unit",
+            "config": {"train": {"steps": 3}}, "steps": STEPS, "final_step": 3,
+            "final": {"eval_final/pass@1_greedy": 0.5}, "images": {"curves": str(FIGURE)},
+            "logdir": str(tmp_path / "tb")}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    written = in_trackio_env(tmp_path, "write", str(tmp_path / "spec.json"))
+    assert written["failed"] == [] and jsonl_steps(tmp_path / "tb") == [1, 2, 3]
+    for module in ("pil", "trackio"):
+        assert Path(written[module]).is_relative_to(TRACKIO_SITE), written
+    assert int(written["pillow"].split(".")[0]) < 13
+    history, config = trackio_run(tmp_path, "unit", "unit")
+    check_history(history, config)
     assert history[3]["curves"]["_type"] == "trackio.image"
+    assert trackio_picture(history[3]["curves"]) == FIGURE.read_bytes()

@@ -1,17 +1,31 @@
 """Reading back what the experiment trackers wrote, with their own formats: a W&B offline run's
 transaction log (run-<id>.wandb: LevelDB's log format of W&B's own protobuf Records, wandb.proto) and
-trackio's local store (its SQLiteStorage)."""
+trackio's local store (its SQLiteStorage, in trackio's own environment: trackio_side.py)."""
 
 from __future__ import annotations
 
 import json
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 WANDB_FILE_HEADER = struct.Struct("<4sHB")  # ":W&B", magic 0xBEE1, version
 RECORD_HEADER = struct.Struct("<IHB")  # checksum, length, type (1 full, 2 first, 3 middle, 4 last)
 BLOCK = 32768  # LevelDB's log block; a record header never straddles one (the block's tail is padding)
+ROOT = Path(__file__).resolve().parents[1]
+# trackio lives beside the stack, not in it: every release needs pillow<13 and the stack pins 13.0.0.
+# `make trackio-env` installs it there; its tests run its part in a process of its own (trackio_side.py).
+TRACKIO_SITE = ROOT / ".trackio-site"
+SIDE = Path(__file__).resolve().parent / "trackio_side.py"
+HAS_TRACKIO = (TRACKIO_SITE / "trackio").is_dir()
+needs_trackio = pytest.mark.skipif(not HAS_TRACKIO,
+                                   reason=f"trackio is not installed beside the stack in {TRACKIO_SITE} "
+                                          "(`make trackio-env`)")
 
 
 def wandb_records(path: Path) -> list[Any]:
@@ -67,18 +81,29 @@ def wandb_config(run: Path) -> dict[str, Any]:
     return {item.key: json.loads(item.value_json) for item in record.run.config.update if item.key != "_wandb"}
 
 
-def trackio_history(project: str, run: str) -> dict[int, dict[str, Any]]:
-    """step -> {key: value} of a trackio run in its local store ($TRACKIO_DIR); a step's rows (one a log
-    call) merged."""
-    from trackio.sqlite_storage import SQLiteStorage
-
-    history: dict[int, dict[str, Any]] = {}
-    for row in SQLiteStorage.get_logs(project, run):
-        history.setdefault(int(row["step"]), {}).update(row)
-    return history
+def trackio_env() -> dict[str, str]:
+    """This process's environment with trackio's side directory and the repo on PYTHONPATH, in that order:
+    a process started with it imports trackio and its pillow<13 from .trackio-site, the rest from .venv."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRACKIO_SITE), str(ROOT)])}
 
 
-def trackio_config(project: str, run: str) -> dict[str, Any]:
-    from trackio.sqlite_storage import SQLiteStorage
+def in_trackio_env(tmp: Path, command: str, *args: str) -> dict[str, Any]:
+    """What `tests/trackio_side.py command *args` returns, run in trackio's environment (its stderr shown
+    when it fails); `tmp` holds the answer's file."""
+    out = tmp / f"trackio-{command}.json"
+    done = subprocess.run([sys.executable, str(SIDE), command, *args, str(out)], env=trackio_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"trackio_side.py {command} failed:\n{done.stderr[-4000:]}"
+    return json.loads(out.read_text())
 
-    return {k: v for k, v in SQLiteStorage.get_run_config(project, run).items() if not k.startswith("_")}
+
+def trackio_run(tmp: Path, project: str, run: str) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
+    """(step -> {key: value}, config) of a trackio run in its local store ($TRACKIO_DIR), as trackio reads
+    them."""
+    found = in_trackio_env(tmp, "read", project, run)
+    return {int(step): row for step, row in found["history"].items()}, found["config"]
+
+
+def trackio_picture(entry: dict[str, Any]) -> bytes:
+    """The file a history row's image entry ({_type: trackio.image, file_path}) names in the store's media."""
+    return (Path(os.environ["TRACKIO_DIR"]) / "media" / entry["file_path"]).read_bytes()

@@ -1,6 +1,7 @@
 """trackio (`logging.trackio`): Hugging Face's local-first tracker; the run's scalars under TensorBoard's
 names, its resolved config once, its pictures, in trackio's local store ($TRACKIO_DIR, default
-$HF_HOME/trackio; `trackio show` opens its dashboard). Install with `pip install trackio`."""
+$HF_HOME/trackio; `trackio show` opens its dashboard). trackio needs pillow<13, the stack pins 13: `make
+trackio-env` installs it beside the venv in .trackio-site/, for PYTHONPATH=.trackio-site:. (docs/tracking.md)."""
 
 from __future__ import annotations
 
