@@ -1,5 +1,5 @@
-"""Shared by the actors tests: tiny HF model dirs, `transformers` as the independent oracle, polling, a
-RolloutActor in this process.
+"""Shared by the actors tests: tiny HF model dirs, addition prompts and their exact_match reward pool,
+`transformers` as the independent oracle, polling, a RolloutActor in this process.
 
 vLLM's CPU attention needs head_dim >= 32, so the tiny model uses 2 heads x 32.
 """
@@ -10,7 +10,7 @@ import contextlib
 import json
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +20,8 @@ from safetensors.numpy import load_file, save_file
 
 if TYPE_CHECKING:
     from actors.rollout_actor import RolloutActor
+    from learner.service.prompt_source import Prompt
+    from rewards.pool import RewardPool
 
 TINY_MODEL = dict(num_layers=2, hidden_size=64, intermediate_size=128, num_heads=2, num_kv_heads=1,
                   head_dim=32, max_position_embeddings=256)
@@ -38,6 +40,21 @@ def chat_prompt(text: str) -> list[int]:
 
     char_id = {c: len(SPECIAL_TOKENS) + i for i, c in enumerate(DEFAULT_ALPHABET)}
     return [BOS_ID, USER_ID, *(char_id[c] for c in text), ASST_ID]
+
+
+def addition_prompts(pairs: Iterable[tuple[int, int]]) -> list[Prompt]:
+    """The learner's prompt "a+b" for each pair (a, b), as chat tokens, with its sum as the reference answer
+    that the exact_match reward checks."""
+    from learner.service.prompt_source import Prompt
+
+    return [Prompt(chat_prompt(f"{a}+{b}"), f"{a}+{b}", {"answer": str(a + b)}) for a, b in pairs]
+
+
+def exact_match_pool() -> RewardPool:
+    """A reward pool of one worker scoring completions with the exact_match reward alone."""
+    from rewards.pool import RewardPool, RewardSpec, WeightedReward
+
+    return RewardPool(RewardSpec(functions=[WeightedReward(ref="exact_match")]), num_workers=1)
 
 
 def load_tensors(hf_dir: Path) -> dict[str, np.ndarray]:

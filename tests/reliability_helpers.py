@@ -13,6 +13,7 @@ writes RUN_DIR/held and waits to be killed (a deterministic point to kill the le
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -22,6 +23,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -120,6 +122,32 @@ def stop_fleet(pool, fleet) -> dict[str, ActorStats | NoAnswer]:
 
 
 @dataclasses.dataclass
+class LiveFleet:
+    """What `learner_with_fleet` yields: the run's started learner and its fleet; once the block has ended,
+    the actors' last stats."""
+
+    loop: object  # learner.rl_loop.RLLoop
+    fleet: object  # the named ActorFleet's handle
+    stats: dict[str, ActorStats | NoAnswer] = dataclasses.field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def learner_with_fleet(run, num_actors: int) -> Iterator[LiveFleet]:
+    """The run's learner, started, with a fleet of `num_actors` actors serving it; on leaving the block the
+    fleet (its last stats kept), the service and the checkpointer are stopped."""
+    loop = build_learner(run)
+    address = loop.start()
+    pool, fleet = start_fleet(run, address, num_actors)
+    live = LiveFleet(loop, fleet)
+    try:
+        yield live
+    finally:
+        live.stats = stop_fleet(pool, fleet)
+        loop.service.stop()
+        loop.checkpointer.close()
+
+
+@dataclasses.dataclass
 class FleetRun:
     """What `run_with_fleet` returns: the loop, its final accounting, each step's metrics and StepLog entry,
     and the actors' last stats."""
@@ -135,27 +163,21 @@ def run_with_fleet(run, num_actors: int, ready=None, settle=None) -> FleetRun:
     """Train the run to its end with its learner and a fleet of `num_actors` actors (after `ready(loop)`
     returns, when given), then (after `settle(loop)` returns, when given) stop the fleet, the service and
     the checkpointer."""
-    loop = build_learner(run)
-    address = loop.start()
-    pool, fleet = start_fleet(run, address, num_actors)
     metrics: dict[int, dict[str, float]] = {}
-    log = StepLog(loop)
+    with learner_with_fleet(run, num_actors) as live:
+        loop = live.loop
+        log = StepLog(loop)
 
-    def on_step(step: int, values: dict[str, float]) -> None:
-        metrics[step] = dict(values)
-        log(step, values)
+        def on_step(step: int, values: dict[str, float]) -> None:
+            metrics[step] = dict(values)
+            log(step, values)
 
-    try:
         if ready is not None:
             ready(loop)
         accounting = loop.run(on_step=on_step)
         if settle is not None:
             settle(loop)
-    finally:
-        stats = stop_fleet(pool, fleet)
-        loop.service.stop()
-        loop.checkpointer.close()
-    return FleetRun(loop, accounting, metrics, log.entries, stats)
+    return FleetRun(loop, accounting, metrics, log.entries, live.stats)
 
 
 def free_port() -> int:

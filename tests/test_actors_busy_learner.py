@@ -8,16 +8,15 @@ from __future__ import annotations
 import threading
 
 import pytest
-from actors_helpers import chat_prompt, make_base_model, wait_for
+from actors_helpers import addition_prompts, exact_match_pool, make_base_model, wait_for
 from config_helpers import actor_config, service_config
 
 from actors.learner_client import RETRY_BACKOFF_S, LearnerUnavailable, LeaseReply
 from actors.rollout_actor import RolloutActor
 from actors.stats import ActorStats
-from learner.service.prompt_source import Prompt, PromptSource
+from learner.service.prompt_source import PromptSource
 from learner.service.server import LearnerService
 from models.tokenizer import vocab_size_for
-from rewards.pool import RewardPool, RewardSpec, WeightedReward
 
 pytestmark = pytest.mark.slow  # Ray and vLLM actors
 
@@ -29,9 +28,8 @@ GROUPS_AFTER = 4
 
 def test_an_actor_refused_busy_keeps_its_loop_and_samples_once_the_flood_stops(ray_session, tmp_path):
     base = make_base_model(tmp_path / "base")
-    pool = RewardPool(RewardSpec(functions=[WeightedReward(ref="exact_match")]), num_workers=1)
-    prompts = [Prompt(chat_prompt(f"{a}+{b}"), f"{a}+{b}", {"answer": str(a + b)}) for a, b in [(12, 30), (7, 8)]]
-    service = LearnerService(PromptSource(prompts, epochs=None), service_config(
+    pool = exact_match_pool()
+    service = LearnerService(PromptSource(addition_prompts([(12, 30), (7, 8)]), epochs=None), service_config(
         queue_capacity=8, max_staleness=1000, group_size=G, vocab_size=vocab_size_for()))
     address = service.start()
     config = actor_config(base, group_size=G, max_tokens=8, max_model_len=64, kv_cache_gib=0.125,

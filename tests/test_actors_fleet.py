@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 import ray
-from actors_helpers import chat_prompt, make_base_model, wait_for
+from actors_helpers import addition_prompts, exact_match_pool, make_base_model, wait_for
 from config_helpers import actor_config, service_config
 
 from actors.fleet import set_actor_count, start_named_fleet
-from learner.service.prompt_source import Prompt, PromptSource
+from learner.service.prompt_source import PromptSource
 from learner.service.server import LearnerService
 from models.tokenizer import vocab_size_for
-from rewards.pool import RewardPool, RewardSpec, WeightedReward
 from tandem_wire import enrollment
 
 pytestmark = pytest.mark.slow  # Ray and vLLM actors
@@ -66,14 +65,14 @@ class Trainer:
 @pytest.fixture(scope="module")
 def run(ray_session, tmp_path_factory):
     base = make_base_model(tmp_path_factory.mktemp("fleet") / "base")
-    rows = [Prompt(chat_prompt(f"{i}+{i}"), f"{i}+{i}", {"answer": str(2 * i)}) for i in range(NUM_PROMPTS)]
+    rows = addition_prompts((i, i) for i in range(NUM_PROMPTS))
     key = enrollment.new_key()
     service = LearnerService(PromptSource(rows, epochs=1, seed=0),
                              service_config(queue_capacity=4, group_size=G, lease_seconds=5.0,
                                             vocab_size=vocab_size_for(), heartbeat_interval_s=0.5,
                                             open_enrollment=False), enrollment_key=key)
     address = service.start()
-    pool = RewardPool(RewardSpec(functions=[WeightedReward(ref="exact_match")]), num_workers=1)
+    pool = exact_match_pool()
     config = actor_config(base, group_size=G, max_tokens=8, max_model_len=64, kv_cache_gib=0.125,
                           prompts_per_batch=2, num_cpus=0)
     fleet = start_named_fleet(config, address, pool.handles(), initial_actors=1, enrollment_key=key)

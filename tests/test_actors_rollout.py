@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import ray
 from actors_helpers import (
+    addition_prompts,
     chat_prompt,
+    exact_match_pool,
     greedy_tokens,
     hf_model,
     load_tensors,
@@ -28,7 +30,6 @@ from launch.config import load_config
 from learner.service.prompt_source import Prompt, PromptSource
 from learner.service.server import GroupRecord, LearnerService
 from models.tokenizer import vocab_size_for
-from rewards.pool import RewardPool, RewardSpec, WeightedReward
 
 pytestmark = pytest.mark.slow  # Ray and vLLM actors
 
@@ -40,8 +41,7 @@ LONG_PROMPT_INDEX = 5
 
 
 def dataset() -> list[Prompt]:
-    rows = [Prompt(chat_prompt(f"{a}+{b}"), f"{a}+{b}", {"answer": str(a + b)})
-            for a, b in [(12, 30), (7, 8), (101, 5), (64, 64), (3, 999), (45, 54), (250, 250), (9, 1)]]
+    rows = addition_prompts([(12, 30), (7, 8), (101, 5), (64, 64), (3, 999), (45, 54), (250, 250), (9, 1)])
     long_text = "1+" * 10 + "1"  # 21 characters + 3 special tokens > MAX_PROMPT_TOKENS
     rows[LONG_PROMPT_INDEX] = Prompt(chat_prompt(long_text), long_text, {"answer": "11"})
     return rows
@@ -80,7 +80,7 @@ class Rig:
 @pytest.fixture(scope="module")
 def rig(ray_session, weight_dirs):
     dirs, base = weight_dirs, weight_dirs["base"]
-    pool = RewardPool(RewardSpec(functions=[WeightedReward(ref="exact_match")]), num_workers=1)
+    pool = exact_match_pool()
     service = LearnerService(
         PromptSource(dataset(), epochs=None, seed=0),
         service_config(queue_capacity=QUEUE_CAPACITY, max_staleness=1000, group_size=G, lease_seconds=30.0,

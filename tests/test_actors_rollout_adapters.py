@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import ray
 from actors_helpers import (
-    chat_prompt,
+    addition_prompts,
+    exact_match_pool,
     greedy_tokens,
     hf_model,
     load_tensors,
@@ -24,11 +25,10 @@ from actors_helpers import (
 from config_helpers import actor_config, service_config
 
 from actors.fleet import ActorFleet
-from learner.service.prompt_source import Prompt, PromptSource
+from learner.service.prompt_source import PromptSource
 from learner.service.server import GroupRecord, LearnerService
 from models.peft import LoraConfig, adapter_config
 from models.tokenizer import vocab_size_for
-from rewards.pool import RewardPool, RewardSpec, WeightedReward
 
 pytestmark = pytest.mark.slow  # Ray and vLLM actors
 
@@ -61,11 +61,11 @@ def test_adapter_versions_load_under_their_names_and_the_oldest_unloads_while_th
     merged = {v: hf_model(write_weights_dir(base, tmp_path / f"v{v}", merged_weights(load_tensors(base), adapters[v],
                                                                                       LORA.scale)))
               for v in VERSIONS}
-    prompts = [chat_prompt(f"{a}+{b}") for a, b in PAIRS]
-    pool = RewardPool(RewardSpec(functions=[WeightedReward(ref="exact_match")]), num_workers=1)
+    rows = addition_prompts(PAIRS)
+    prompts = [row.prompt_ids for row in rows]
+    pool = exact_match_pool()
     service = LearnerService(
-        PromptSource([Prompt(p, f"{a}+{b}", {"answer": str(a + b)}) for p, (a, b) in zip(prompts, PAIRS, strict=True)],
-                     epochs=None, seed=0),
+        PromptSource(rows, epochs=None, seed=0),
         service_config(max_staleness=ETA, group_size=G, lease_seconds=30.0, vocab_size=vocab_size_for(),
                        heartbeat_interval_s=0.5))
     address = service.start()

@@ -16,7 +16,8 @@ import contextlib
 import numpy as np
 import pytest
 from actors_helpers import (
-    chat_prompt,
+    addition_prompts,
+    exact_match_pool,
     hf_model,
     in_process_actor,
     load_tensors,
@@ -24,10 +25,9 @@ from actors_helpers import (
 )
 from config_helpers import actor_config, service_config
 
-from learner.service.prompt_source import Prompt, PromptSource
+from learner.service.prompt_source import PromptSource
 from learner.service.server import LearnerService
 from models.tokenizer import vocab_size_for
-from rewards.pool import RewardPool, RewardSpec, WeightedReward
 
 pytestmark = pytest.mark.slow  # Ray and vLLM actors
 
@@ -39,9 +39,8 @@ TEMPERATURE = 0.7
 def _actor_and_service(weight_dirs, **config):
     """An in-process actor over the base checkpoint (version 0) serving a learner with two prompts; the HF
     dirs of versions 0 to 3 (base, sharp_a, sharp_b, sharp_c)."""
-    pool = RewardPool(RewardSpec(functions=[WeightedReward(ref="exact_match")]), num_workers=1)
-    prompts = [Prompt(chat_prompt(f"{a}+{b}"), f"{a}+{b}", {"answer": str(a + b)}) for a, b in [(12, 30), (7, 8)]]
-    service = LearnerService(PromptSource(prompts, epochs=None), service_config(
+    pool = exact_match_pool()
+    service = LearnerService(PromptSource(addition_prompts([(12, 30), (7, 8)]), epochs=None), service_config(
         queue_capacity=8, max_staleness=1000, group_size=G, lease_seconds=60.0, vocab_size=vocab_size_for()))
     config = actor_config(weight_dirs["base"], group_size=G, temperature=TEMPERATURE, max_model_len=64,
                           kv_cache_gib=0.125, prompts_per_batch=2, num_cpus=0, **config)

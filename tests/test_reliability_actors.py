@@ -16,14 +16,12 @@ from ray.exceptions import RayActorError
 from reliability_helpers import (
     GENERATE_TIMEOUT_S,
     StepLog,
-    build_learner,
     check_run,
     final_history,
     freeze_actor,
     hang_engine,
     kill_actor,
-    start_fleet,
-    stop_fleet,
+    learner_with_fleet,
     tiny_run,
 )
 
@@ -37,46 +35,43 @@ STEPS = 10
 
 def test_dead_silent_and_hung_actors_are_replaced_and_nothing_is_lost(ray_session, tmp_path):
     run = tiny_run(tmp_path / "run", steps=STEPS, checkpoint_every=STEPS)
-    loop = build_learner(run)
-    address = loop.start()
-    pool, fleet = start_fleet(run, address, num_actors=2)
-    supervisor = FleetSupervisor(loop.service, fleet, generate_timeout_s=GENERATE_TIMEOUT_S, interval_s=0.5,
-                                 call_timeout_s=10.0).start()
-    faults: dict[str, tuple[str, int, float]] = {}  # kind -> (actor id, weight version then, time)
+    with learner_with_fleet(run, num_actors=2) as rig:
+        loop, fleet = rig.loop, rig.fleet
+        supervisor = FleetSupervisor(loop.service, fleet, generate_timeout_s=GENERATE_TIMEOUT_S, interval_s=0.5,
+                                     call_timeout_s=10.0).start()
+        faults: dict[str, tuple[str, int, float]] = {}  # kind -> (actor id, weight version then, time)
 
-    def sampling_actor() -> str | None:
-        """A live actor the learner hears from and that has sampled (not one still starting)."""
-        live = set(ray.get(fleet.actors.remote()))
-        return next((a.actor_id for a in loop.service.actors_status()
-                     if a.actor_id in live and not a.stale and a.tokens_per_second > 0
-                     and a.actor_id not in {f[0] for f in faults.values()}), None)
+        def sampling_actor() -> str | None:
+            """A live actor the learner hears from and that has sampled (not one still starting)."""
+            live = set(ray.get(fleet.actors.remote()))
+            return next((a.actor_id for a in loop.service.actors_status()
+                         if a.actor_id in live and not a.stale and a.tokens_per_second > 0
+                         and a.actor_id not in {f[0] for f in faults.values()}), None)
 
-    def inject(kind, fault):
-        def hook() -> None:
-            for _ in range(3):  # the supervisor may replace the chosen actor meanwhile: choose again
-                actor_id = wait_for(sampling_actor, what="an actor that samples")
-                try:
-                    fault(fleet, actor_id)
-                    break
-                except (RayActorError, KeyError):  # died or already replaced
-                    continue
-            faults[kind] = (actor_id, loop.version, time.time())
-        return hook
+        def inject(kind, fault):
+            def hook() -> None:
+                for _ in range(3):  # the supervisor may replace the chosen actor meanwhile: choose again
+                    actor_id = wait_for(sampling_actor, what="an actor that samples")
+                    try:
+                        fault(fleet, actor_id)
+                        break
+                    except (RayActorError, KeyError):  # died or already replaced
+                        continue
+                faults[kind] = (actor_id, loop.version, time.time())
+            return hook
 
-    steps = StepLog(loop, hooks={2: inject("dead", kill_actor), 4: inject("silent", freeze_actor),
-                                 6: inject("hung", hang_engine)})
-    started = time.monotonic()
-    try:
-        accounting = loop.run(on_step=steps)
-        # the healthy actors may finish the run before the hung one is found: give the supervisor time
-        replaced_ids = lambda: {r.actor_id for r in supervisor.report.replacements}  # noqa: E731
-        wait_for(lambda: {a for a, _, _ in faults.values()} <= replaced_ids(), timeout=GENERATE_TIMEOUT_S + 30,
-                 what="every faulty actor replaced")
-    finally:
-        report = supervisor.stop()
-        stats = stop_fleet(pool, fleet)
-        loop.service.stop()
-        loop.checkpointer.close()
+        steps = StepLog(loop, hooks={2: inject("dead", kill_actor), 4: inject("silent", freeze_actor),
+                                     6: inject("hung", hang_engine)})
+        started = time.monotonic()
+        try:
+            accounting = loop.run(on_step=steps)
+            # the healthy actors may finish the run before the hung one is found: give the supervisor time
+            replaced_ids = lambda: {r.actor_id for r in supervisor.report.replacements}  # noqa: E731
+            wait_for(lambda: {a for a, _, _ in faults.values()} <= replaced_ids(), timeout=GENERATE_TIMEOUT_S + 30,
+                     what="every faulty actor replaced")
+        finally:
+            report = supervisor.stop()
+    stats = rig.stats
     wall_s = time.monotonic() - started
 
     assert loop.step == STEPS

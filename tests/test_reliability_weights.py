@@ -17,11 +17,9 @@ import pytest
 from reliability_helpers import (
     ROOT,
     StepLog,
-    build_learner,
     check_run,
     final_history,
-    start_fleet,
-    stop_fleet,
+    learner_with_fleet,
     tiny_run,
 )
 from weight_faults import cut_before_commit, damaging, flip_a_byte
@@ -47,44 +45,40 @@ def test_broken_weight_pushes_leave_the_actor_on_its_last_complete_version(ray_s
     # version, and the run completes on it
     run = tiny_run(tmp_path / "run", steps=STEPS, checkpoint_every=STEPS,
                    overrides=["server.weight_shared_memory=false"])
-    loop = build_learner(run)
-    address = loop.start()
-    pool, fleet = start_fleet(run, address, num_actors=1)
     seen: dict[int, dict] = {}
+    with learner_with_fleet(run, num_actors=1) as rig:
+        loop = rig.loop
 
-    def await_rejection(version: int):
-        def hook() -> None:  # hold the learner until the actor has tried (and refused) the version
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                (actor,) = loop.service.actors_status()
-                report = actor.last_weight_report or {}
-                if report.get("version") == version and not report["applied"]:
-                    seen[version] = {"serving": actor.weight_version, "detail": report["detail"]}
-                    return
-                time.sleep(0.05)
-            raise AssertionError(f"the actor never reported version {version}")
-        return hook
+        def await_rejection(version: int):
+            def hook() -> None:  # hold the learner until the actor has tried (and refused) the version
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    (actor,) = loop.service.actors_status()
+                    report = actor.last_weight_report or {}
+                    if report.get("version") == version and not report["applied"]:
+                        seen[version] = {"serving": actor.weight_version, "detail": report["detail"]}
+                        return
+                    time.sleep(0.05)
+                raise AssertionError(f"the actor never reported version {version}")
+            return hook
 
-    def await_serving(version: int):
-        def hook() -> None:  # the broken version must find the actor on the one before it
-            deadline = time.monotonic() + 60
-            while loop.service.actors_status()[0].weight_version != version:
-                assert time.monotonic() < deadline, f"the actor never applied version {version}"
-                time.sleep(0.05)
-        return hook
+        def await_serving(version: int):
+            def hook() -> None:  # the broken version must find the actor on the one before it
+                deadline = time.monotonic() + 60
+                while loop.service.actors_status()[0].weight_version != version:
+                    assert time.monotonic() < deadline, f"the actor never applied version {version}"
+                    time.sleep(0.05)
+            return hook
 
-    # The learner waits at the step before each broken version until the actor serves that step's
-    # version: otherwise a fast learner publishes the broken one before the actor loaded the one
-    # before, the actor (two versions behind, max_staleness 1) gets no lease, and nothing can
-    # produce the next step's groups.
-    steps = StepLog(loop, hooks={CORRUPTED - 1: await_serving(CORRUPTED - 1), CORRUPTED: await_rejection(CORRUPTED),
-                                 CUT - 1: await_serving(CUT - 1), CUT: await_rejection(CUT)})
-    try:
+        # The learner waits at the step before each broken version until the actor serves that step's
+        # version: otherwise a fast learner publishes the broken one before the actor loaded the one
+        # before, the actor (two versions behind, max_staleness 1) gets no lease, and nothing can
+        # produce the next step's groups.
+        steps = StepLog(loop, hooks={CORRUPTED - 1: await_serving(CORRUPTED - 1),
+                                     CORRUPTED: await_rejection(CORRUPTED),
+                                     CUT - 1: await_serving(CUT - 1), CUT: await_rejection(CUT)})
         accounting = loop.run(on_step=steps)
-    finally:
-        (stats,) = stop_fleet(pool, fleet).values()
-        loop.service.stop()
-        loop.checkpointer.close()
+    (stats,) = rig.stats.values()
 
     history = final_history(steps.entries)
     check_run(accounting, history, STEPS)
