@@ -136,8 +136,17 @@ def use_compilation_cache() -> None:
     """JAX's persistent compilation cache, in COMPILATION_CACHE_DIR unless JAX_COMPILATION_CACHE_DIR
     names another (JAX_ENABLE_COMPILATION_CACHE=false turns it off): a resumed, restarted or repeated
     run loads the steps it compiled before instead of compiling them again (MaxText's jax_cache_dir).
-    Call it before the process compiles anything: JAX decides at its first compilation."""
+    Call it before the process compiles anything: JAX decides at its first compilation.
+
+    Every program is cached, however quick its compile (JAX's default keeps only those over 1 s): a model's
+    eager initialisation, the layer stacking and the optimizer's set-up are dozens of small programs that
+    cost a TPU learner ~5 s of its warm start uncached (measured at 0.5B on a v5e; docs/benchmarks.md).
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS / _MIN_ENTRY_SIZE_BYTES in the environment still win."""
     import jax
 
     if not jax.config.jax_compilation_cache_dir:  # JAX reads JAX_COMPILATION_CACHE_DIR at import
         jax.config.update("jax_compilation_cache_dir", str(COMPILATION_CACHE_DIR))
+    for option, every in (("jax_persistent_cache_min_compile_time_secs", 0.0),
+                          ("jax_persistent_cache_min_entry_size_bytes", -1)):
+        if option.upper() not in os.environ:
+            jax.config.update(option, every)
