@@ -61,7 +61,7 @@ the async/sync ratio shows. Each mode runs in a fresh process with its own local
 `warmup` steps (JIT compilation) are excluded. Timings on a shared machine are noisy: compare ratios
 of one invocation, not absolute numbers across invocations.
 
-Sizes. Default: the demo (launch/configs/demo_rl.yaml: tiny qwen2 3 layers d=128, 32 prompts x G=8,
+Sizes. Default: the demo (launch/configs/demo_rl.yaml: tiny qwen2 3 layers d=128, 8 prompts x G=32,
 8 new tokens; 20 RL steps per mode and configuration); rollout comparison 32 prompts x G=8 x 64 tokens; GRPO step on the
 demo's batch (256 rows x 24+8 tokens, the demo's vocabulary). `--quick`: seconds-scale sizes (smaller
 batches, 5 RL steps) for a smoke check of the whole runner (~5 min on 2 busy cores).
@@ -118,7 +118,7 @@ SIZES = {
     "default": dict(rollout=(32, 8, 64, 3), grpo=(256, 5), loop=(20, 3), overrides=[], service=(3000, 7),
                     weights=(3, None), learner=[]),
     "quick": dict(rollout=(8, 4, 16, 1), grpo=(32, 2), loop=(5, 2),
-                  overrides=["train.prompts_per_step=8", "rollout.prompts_per_batch=8",
+                  overrides=["train.prompts_per_step=8", "rollout.prompts_per_batch=8", "rollout.group_size=8",
                              "rollout.queue_capacity=10"], service=(500, 3), weights=(1, 8),
                   learner=["--shapes", "0.5b", "--layers", "2", "--rows", "2", "--seq", "128", "--steps", "1"]),
 }
