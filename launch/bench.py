@@ -61,7 +61,7 @@ the async/sync ratio shows. Each mode runs in a fresh process with its own local
 `warmup` steps (JIT compilation) are excluded. Timings on a shared machine are noisy: compare ratios
 of one invocation, not absolute numbers across invocations.
 
-Sizes. Default: the demo (launch/configs/demo_rl.yaml: tiny qwen2 3 layers d=128, 8 prompts x G=32,
+Sizes. Default: the demo (launch/configs/demo_rl.yaml: tiny qwen2 3 layers d=128, 16 prompts x G=16,
 8 new tokens; 20 RL steps per mode and configuration); rollout comparison 32 prompts x G=8 x 64 tokens; GRPO step on the
 demo's batch (256 rows x 24+8 tokens, the demo's vocabulary). `--quick`: seconds-scale sizes (smaller
 batches, 5 RL steps) for a smoke check of the whole runner (~5 min on 2 busy cores).
