@@ -181,7 +181,8 @@ def table(result: dict) -> str:
         c = r["compiles"]
         lines.append(f"| {shape} | {r['plan']['remat']} × {r['plan']['micro_batches']} | {r['first_s']:.1f} | "
                      f"{r['steady_s']:.3f} | {r['tokens_per_s']:,.0f} | {mfus} | {r['peak_gib']:.2f} / "
-                     f"{r['plan']['xla_gib']:.2f} / {r['floor_gib']:.2f} | {c['compiles']:.0f} ({c['compile_s']:.1f}) | {c['cache_loads']:.0f} | "
+                     f"{r['plan']['xla_gib']:.2f} / {r['floor_gib']:.2f} | "
+                     f"{c['compiles']:.0f} ({c['compile_s']:.1f}) | {c['cache_loads']:.0f} | "
                      f"{r['step_compiles_after_first']} | {r.get('ready_s', float('nan')):.1f} |")
     return "\n".join(lines)
 
