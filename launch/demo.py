@@ -14,7 +14,7 @@ ordinary entrypoint's run (launch/pretrain.py, launch/sft.py, launch/rl.py with
 launch/configs/demo_*.yaml); the next stage starts from the previous one's exported HF dir. Each
 stage's run dir gets curves.png; the demo's run dir gets demo.png and demo_results.json.
 
-    python launch/demo.py                      # 6-10 min on 2 CPU cores
+    python launch/demo.py                      # 6-15 min on 2 CPU cores
     python launch/demo.py --seed 1             # another seed: data, initial weights, sampling
     python launch/demo.py --quick              # a few steps per stage: checks the plumbing only
     python launch/demo.py rl.train.steps=200   # per-stage overrides: <stage>.<key>=<value>
