@@ -448,15 +448,15 @@ class Trainer:
         micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), batch)
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-        def accumulate(carry, mb):
-            (loss, (metrics, logps)), grads = grad_fn(state.params, mb, norm, reference, frozen, entropy_coef)
-            return jax.tree.map(jnp.add, carry, ((loss, metrics), grads)), logps
+        def accumulate(grads, mb):
+            (loss, (metrics, logps)), mb_grads = grad_fn(state.params, mb, norm, reference, frozen, entropy_coef)
+            return jax.tree.map(jnp.add, grads, mb_grads), (loss, metrics, logps)
 
-        first = jax.tree.map(lambda x: x[0], micro)
-        (loss_shape, (metric_shapes, _)), grad_shapes = jax.eval_shape(grad_fn, state.params, first, norm, reference,
-                                                                        frozen, entropy_coef)
-        zeros = jax.tree.map(jnp.zeros_like, ((loss_shape, metric_shapes), grad_shapes))
-        ((loss, metrics), grads), logps = jax.lax.scan(accumulate, zeros, micro)
+        # Only the gradients ride in the carry (their shapes are the parameters'): the loss and metrics come out
+        # per micro-batch and are summed after, so the loss is traced once (a carry of its outputs would need
+        # their shapes first, i.e. a second trace of the whole forward and backward).
+        grads, (losses, metrics, logps) = jax.lax.scan(accumulate, jax.tree.map(jnp.zeros_like, state.params), micro)
+        loss, metrics = losses.sum(0), jax.tree.map(lambda m: m.sum(0), metrics)
         logps = logps.swapaxes(0, 1).reshape(batch["input_ids"].shape[0], *logps.shape[2:])  # the batch's row order
         logps = jax.lax.with_sharding_constraint(logps, row_sharding(self.mesh))  # as a later update takes it
         updates, opt_state = self._tx.update(grads, state.opt_state, state.params)

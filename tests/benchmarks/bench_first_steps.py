@@ -13,6 +13,8 @@ Per shape (rows x tokens; the first is the one timed from process start), after 
   compiles        XLA compilations (cache misses) and persistent-cache loads of this process, with seconds
                   (learner.compile_log); `step_compiles_after_first` must be 0
   plan            the remat policy and micro-batches of that shape's step (learner.algo.step_plan)
+  first_s         the first step's seconds with its compile or cache load; ahead_s of them the ahead-of-time
+                  part (trace, lower, compile or load: Trainer.compile_rl_step), RL only
   step_s          every step's seconds; steady = the median after the first two
   peak            the device's peak bytes in use (accelerators; on CPU XLA's account of the compiled step;
                   on a TPU v5e it stays near the state's size, as if the step's temporaries were not counted),
@@ -120,6 +122,7 @@ def run(args: argparse.Namespace) -> dict:
         started = time.perf_counter()
         if args.kind == "rl":
             plan = trainer.compile_rl_step(rows, seq)  # what the RL loop does while the actors sample
+        ahead_s = time.perf_counter() - started
         times, after_first = [], 0
         try:
             for i in range(args.steps):
@@ -137,7 +140,8 @@ def run(args: argparse.Namespace) -> dict:
         stats = device.memory_stats() or {}
         result = {
             "plan": {"remat": plan.remat, "micro_batches": plan.parts, "xla_gib": plan.device_bytes / GIB},
-            "first_s": time.perf_counter() - started - sum(times[1:]), "step_s": times, "steady_s": steady,
+            "first_s": time.perf_counter() - started - sum(times[1:]), "ahead_s": ahead_s, "step_s": times,
+            "steady_s": steady,
             "tokens_per_s": rows * seq / steady, **mfu(config, seq, rows * seq / steady, peak_tflops),
             "peak_gib": stats.get("peak_bytes_in_use", plan.device_bytes) / GIB,
             "floor_gib": floor_bytes(n_params, "mixed", layers=config["num_hidden_layers"], tokens=rows * seq,
@@ -170,8 +174,8 @@ def table(result: dict) -> str:
     lines = [f"{result['device']}, {result['params'] / 1e6:.0f}M params, {result['layers']} layers "
              f"({'scanned' if result['scan_layers'] else 'unrolled'}), remat {result['remat']}; from process start: "
              + ", ".join(f"{name} {s:.1f} s" for name, s in result["startup"].items()),
-             "| shape | plan | first step s | steady s | tok/s | MFU project / MaxText | peak / XLA's / floor GiB | "
-             "compiles (s) | cache loads | compiles after step 1 | ready s |",
+             "| shape | plan | first step s (ahead) | steady s | tok/s | MFU project / MaxText | "
+             "peak / XLA's / floor GiB | compiles (s) | cache loads | compiles after step 1 | ready s |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for shape, r in result["shapes"].items():
         if "error" in r:
@@ -179,7 +183,8 @@ def table(result: dict) -> str:
             continue
         mfus = " / ".join("-" if r[k] is None else f"{r[k]:.1%}" for k in ("mfu_project", "mfu_maxtext"))
         c = r["compiles"]
-        lines.append(f"| {shape} | {r['plan']['remat']} × {r['plan']['micro_batches']} | {r['first_s']:.1f} | "
+        lines.append(f"| {shape} | {r['plan']['remat']} × {r['plan']['micro_batches']} | {r['first_s']:.1f} "
+                     f"({r['ahead_s']:.1f}) | "
                      f"{r['steady_s']:.3f} | {r['tokens_per_s']:,.0f} | {mfus} | {r['peak_gib']:.2f} / "
                      f"{r['plan']['xla_gib']:.2f} / {r['floor_gib']:.2f} | "
                      f"{c['compiles']:.0f} ({c['compile_s']:.1f}) | {c['cache_loads']:.0f} | "
