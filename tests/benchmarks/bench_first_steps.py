@@ -3,7 +3,8 @@ micro-batches `train.remat: auto` chose, peak memory against the floor and MFU, 
 vLLM nor Ray; runs on CPU (smoke: `--layers 2 --shapes 2x256`) and on a TPU/GPU as is.
 
     .venv/bin/python tests/benchmarks/bench_first_steps.py [--shape 0.5b] [--layers N] [--kind rl]
-        [--shapes 8x1024 4x4096 1x32768] [--steps 5] [--remat auto] [--cold-and-warm] [--json out.json]
+        [--shapes 8x1024 4x4096 1x32768] [--steps 5] [--remat auto] [--micro-batches 1] [--cold-and-warm]
+        [--json out.json]
 
 Where the start goes (`startup`, seconds from process start): imports, the backend up (`jax.devices()`), the
 model built (random weights of the shape), the trainer built (layers stacked, state on the mesh).
@@ -57,6 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--shapes", nargs="+", default=["8x1024", "4x4096", "1x32768"], help="rows x tokens")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--remat", default="auto", help="train.remat")
+    parser.add_argument("--micro-batches", type=int, default=1, help="train.micro_batches (more if it does not fit)")
     parser.add_argument("--unrolled", action="store_true", help="train.scan_layers=false")
     parser.add_argument("--cold-and-warm", action="store_true", help="two fresh processes, one fresh cache")
     parser.add_argument("--json", type=Path)
@@ -104,7 +106,8 @@ def run(args: argparse.Namespace) -> dict:
     startup["model"] = time.time() - PROCESS_START
     trainer = Trainer(LoadedModel(model, "qwen2", config, tunix_config(config)), mesh,
                       OptimizerConfig(learning_rate=1e-6, schedule="constant"), compute_dtype="bfloat16",
-                      remat=args.remat, skip_no_signal=False, scan_layers=not args.unrolled)
+                      remat=args.remat, micro_batches=args.micro_batches, skip_no_signal=False,
+                      scan_layers=not args.unrolled)
     startup["trainer"] = time.time() - PROCESS_START
     device = jax.devices()[0]
     peak_tflops = PEAK_TFLOPS.get(device.device_kind)
