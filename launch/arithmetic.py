@@ -42,7 +42,7 @@ def _pairs(rng: random.Random, digits: int, excluded: set[tuple[int, int]]) -> I
             yield a, b
 
 
-def _write_jsonl(path: Path, rows: Iterable[dict]) -> Path:
+def write_jsonl(path: Path, rows: Iterable[dict]) -> Path:
     with path.open("w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
@@ -105,10 +105,10 @@ def make_arithmetic_data(
         return (next(train) for _ in range(count))
 
     return {
-        "pretrain": _write_jsonl(out_dir / "pretrain.jsonl", (plain_line() for _ in range(pretrain_lines))),
-        "sft": _write_jsonl(out_dir / "sft.jsonl", sft_rows()),
-        "rl": _write_jsonl(out_dir / "rl.jsonl", prompts(subtraction, fresh(rl_prompts))),
-        "heldout": _write_jsonl(out_dir / "heldout.jsonl", prompts(subtraction, held_sub)),
-        "heldout_addition": _write_jsonl(out_dir / "heldout_addition.jsonl", prompts(addition, held_add)),
-        "heldout_raw": _write_jsonl(out_dir / "heldout_raw.jsonl", prompts(subtraction, held_sub, "=")),
+        "pretrain": write_jsonl(out_dir / "pretrain.jsonl", (plain_line() for _ in range(pretrain_lines))),
+        "sft": write_jsonl(out_dir / "sft.jsonl", sft_rows()),
+        "rl": write_jsonl(out_dir / "rl.jsonl", prompts(subtraction, fresh(rl_prompts))),
+        "heldout": write_jsonl(out_dir / "heldout.jsonl", prompts(subtraction, held_sub)),
+        "heldout_addition": write_jsonl(out_dir / "heldout_addition.jsonl", prompts(addition, held_add)),
+        "heldout_raw": write_jsonl(out_dir / "heldout_raw.jsonl", prompts(subtraction, held_sub, "=")),
     }

@@ -100,11 +100,16 @@ class DataConfig(ChatFormat):
     asked as [system_prompt?, user(prompt_template)]; sft: rows with `messages` (rows there with `text`
     instead are plain-text documents replayed among the chats), or prompt/completion rows
     (`prompt_field`, `completion_field`) asked the same way; pretrain: rows with `text`.
-    `task: arithmetic` generates the demo's data under run_dir.
+    `task: arithmetic` generates the demo's data under data.dir, `task: chain` the countdown chains of
+    the RL loop's benchmarks (launch/chains.py: answers of long-tailed lengths).
     """
 
-    task: Literal["none", "arithmetic"] = Field("none", description="arithmetic: generate the demo's data")
+    task: Literal["none", "arithmetic", "chain"] = Field("none", description="arithmetic: generate the demo's "
+                                                                             "data; chain: countdown chains "
+                                                                             "(launch/chains.py)")
     digits: int = Field(3, ge=1, le=6, description="task=arithmetic: digits per operand")
+    max_terms: int = Field(64, ge=1, le=200, description="task=chain: most numbers in an answer (about 4 "
+                                                         "tokens each)")
     dir: str | None = Field(None, description="where task data is generated (default: run_dir/data)")
     train: str | None = Field(None, description="training data: files or a hub dataset name")
     eval: str | None = Field(None, description="held-out data (rows with data.prompt_field, data.answer_field)")
