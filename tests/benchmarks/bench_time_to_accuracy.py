@@ -17,6 +17,15 @@ first time at or above each of --targets; per η, the medians over seeds, and sy
 With --pinned each run goes through pinned_rl.py instead: actors on one half of the cores, the
 learner on the other, as deployed actors and learner have their own accelerators (unpinned, on a
 2-core machine each phase of a synchronous run gets both cores, which no deployment gives it).
+
+In-flight weight updates (issue 51): `--weight-updates keep abort` runs each asynchronous η once per
+`rollout.weight_update` policy (sync has nothing in flight and runs once), e.g. on the long-tailed chains
+(launch/chains.py, launch/configs/chain_rl.yaml). Each run also reports RL steps per minute (training wall
+time less evaluations), the completion tokens sampled and discarded per weight update (discarded: aborted by
+an update and sampled again, or dropped as stale), the actors' idle fraction (blocked on credits, on
+prompts, or stalled by a weight load, over the run's wall time) with the stall and KV recompute per update,
+and the staleness histogram per trained token (staleness_tokens/k). A finished run (its summary.json) is
+read again, not repeated, so an interrupted comparison resumes.
 """
 
 from __future__ import annotations
@@ -41,25 +50,44 @@ GREEDY = "eval/pass@1_greedy"
 EVERY_STEP = ["train.stop_at=null", "train.stop_at_plateau=null"]
 
 
-def mode_overrides(eta: int, prompts_per_step: int) -> list[str]:
+def mode_overrides(eta: int, prompts_per_step: int, update: str | None) -> list[str]:
     if eta == 0:
         return ["rollout.sync=true", "rollout.max_staleness=0", f"rollout.prompts_per_batch={prompts_per_step}"]
-    return [f"rollout.max_staleness={eta}"]
+    return [f"rollout.max_staleness={eta}", *([f"rollout.weight_update={update}"] if update else [])]
 
 
-def mode_name(eta: int) -> str:
-    return "sync" if eta == 0 else f"async η={eta}"
+def mode_name(eta: int, update: str | None = None) -> str:
+    return "sync" if eta == 0 else f"async η={eta}" + (f" {update}" if update else "")
 
 
-def staleness_histogram(run_dir: Path) -> dict[str, float]:
-    """Groups trained on k versions behind, summed over the run's steps (staleness_groups/k)."""
+def staleness_histogram(run_dir: Path, unit: str = "groups") -> dict[str, float]:
+    """Groups (or tokens) trained on k versions behind, summed over the run's steps (staleness_<unit>/k)."""
     total: dict[str, float] = {}
     for line in (run_dir / "tb" / "metrics.jsonl").read_text().splitlines():
         for key, value in json.loads(line).items():
-            if key.startswith("staleness_groups/"):
+            if key.startswith(f"staleness_{unit}/"):
                 k = key.split("/", 1)[1]
                 total[k] = total.get(k, 0.0) + value
     return dict(sorted(total.items(), key=lambda kv: int(kv[0])))
+
+
+def loop_numbers(run_dir: Path) -> dict[str, float | None]:
+    """What the run's summary and metrics say of the loop: steps/min (evaluations excluded), tokens sampled
+    and discarded per weight update, the actors' idle fraction, stall and KV recompute per update."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = [json.loads(line) for line in (run_dir / "tb" / "metrics.jsonl").read_text().splitlines()]
+    train_s = rows[-1]["wall_s"] - sum(r.get("eval_s", 0.0) for r in rows[:-1])
+    actors = [a for a in summary["actors"].values() if "tokens_generated" in a]
+    updates = sum(len(a["versions_applied"]) for a in actors)
+    tokens = summary["tokens"]
+    discarded = tokens["wasted"]["aborted"] + tokens["wasted"]["stale"]
+    return {"steps_per_min": summary["steps"] / train_s * 60, "train_s": train_s, "weight_updates": updates,
+            "tokens_sampled": tokens["sampled"], "tokens_discarded": discarded,
+            "sampled_per_update": tokens["sampled"] / updates if updates else None,
+            "discarded_per_update": discarded / updates if updates else None,
+            "actor_idle_fraction": statistics.fmean(a["idle_seconds"] for a in actors) / rows[-1]["wall_s"],
+            "stall_s_per_update": sum(sum(a["stall_seconds"]) for a in actors) / updates if updates else None,
+            "recompute_s_per_update": sum(a["recompute_seconds"] for a in actors) / updates if updates else None}
 
 
 def curve(run_dir: Path) -> list[tuple[float, float]]:
@@ -77,20 +105,23 @@ def first_at(points: list[tuple[float, float]], target: float) -> float | None:
     return next((minutes for minutes, accuracy in points if accuracy >= target), None)
 
 
-def run_one(args: argparse.Namespace, eta: int, seed: int, prompts_per_step: int) -> dict:
-    run_dir = Path(args.out) / f"eta{eta}-seed{seed}"
+def run_one(args: argparse.Namespace, eta: int, seed: int, prompts_per_step: int, update: str | None) -> dict:
+    name = f"eta{eta}-seed{seed}" if update is None else f"eta{eta}-{update}-seed{seed}"
+    run_dir = Path(args.out) / name
     entry = Path(__file__).with_name("pinned_rl.py") if args.pinned else ROOT / "launch" / "rl.py"
     cmd = [sys.executable, str(entry), str(args.config), f"run_dir={run_dir}",
            f"seed={seed}", f"model.path={args.model}", f"data.dir={args.data}", f"train.steps={args.steps}",
            f"train.eval_every={args.eval_every}", f"train.checkpoint_every={args.steps}",
-           f"rollout.fleet_name=tta-eta{eta}-{seed}", *EVERY_STEP, *mode_overrides(eta, prompts_per_step),
+           f"rollout.fleet_name=tta-{name}", *EVERY_STEP, *mode_overrides(eta, prompts_per_step, update),
            *args.overrides]
     # every run compiles its steps: JAX's persistent cache would spare the runs after the first
     env = {**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"}
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, env=env)
+    if not (run_dir / "summary.json").exists():  # a finished run is read again, not repeated
+        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, env=env)
     points = curve(run_dir)
-    return {"eta": eta, "mode": mode_name(eta), "seed": seed, "curve": points,
+    return {"eta": eta, "update": update, "mode": mode_name(eta, update), "seed": seed, "curve": points,
             "final_accuracy": points[-1][1] if points else None, "staleness": staleness_histogram(run_dir),
+            "token_staleness": staleness_histogram(run_dir, "tokens"), **loop_numbers(run_dir),
             "minutes_to": {str(t): first_at(points, t) for t in args.targets}}
 
 
@@ -101,9 +132,11 @@ def median_or_none(values: list[float | None]) -> float | None:
 
 def plot(runs: list[dict], targets: list[float], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
+    colors: dict[str, str] = {}
     for run in runs:
         minutes, accuracy = zip(*run["curve"], strict=True) if run["curve"] else ((), ())
-        ax.plot(minutes, accuracy, marker="o", color=f"C{run['eta']}", label=f"{run['mode']} seed {run['seed']}")
+        ax.plot(minutes, accuracy, marker="o", color=colors.setdefault(run["mode"], f"C{len(colors)}"),
+                label=f"{run['mode']} seed {run['seed']}")
     for target in targets:
         ax.axhline(target, color="grey", linestyle="--", linewidth=1)
     ax.set_xlabel("training wall time (min, evaluations excluded)")
@@ -116,7 +149,7 @@ def plot(runs: list[dict], targets: list[float], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="the SFT checkpoint (HF dir) both modes start from")
-    parser.add_argument("--data", required=True, help="data.dir of the arithmetic task (make demo writes it)")
+    parser.add_argument("--data", required=True, help="data.dir of the task (make demo writes the arithmetic's)")
     parser.add_argument("--config", default=str(DEMO_CONFIG))
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--eval-every", type=int, default=5)
@@ -127,6 +160,8 @@ def main() -> None:
     parser.add_argument("--out", default="runs/time_to_accuracy")
     parser.add_argument("--pinned", action="store_true",
                         help="actors and learner on separate halves of the cores (pinned_rl.py)")
+    parser.add_argument("--weight-updates", nargs="+", choices=("keep", "abort"),
+                        help="rollout.weight_update policies, one run each per asynchronous η (default: as configured)")
     parser.add_argument("overrides", nargs="*", help="config key=value overrides for every run")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -134,24 +169,43 @@ def main() -> None:
 
     prompts_per_step = load_config(Path(args.config), list(args.overrides)).train.prompts_per_step
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    runs = [run_one(args, eta, seed, prompts_per_step) for seed in args.seeds for eta in args.staleness]
-    summary = {}
-    for eta in args.staleness:
-        mine = [r for r in runs if r["eta"] == eta]
-        finals = [r["final_accuracy"] for r in mine]
-        summary[mode_name(eta)] = {
-            "final_accuracy": {"median": median_or_none(finals),
-                               "range": [min(finals), max(finals)] if None not in finals else None},
-            "median_minutes_to": {str(t): median_or_none([r["minutes_to"][str(t)] for r in mine])
-                                  for t in args.targets},
-        }
-    if 0 in args.staleness:  # sync's median time over each mode's: > 1 means faster than sync
-        sync = summary[mode_name(0)]["median_minutes_to"]
+    modes = [(eta, None) if eta == 0 else (eta, update) for eta in args.staleness
+             for update in (args.weight_updates or [None])]
+    modes = list(dict.fromkeys(modes))  # sync once, whatever the policies
+    runs = []
+    for seed in args.seeds:
+        for eta, update in modes:
+            runs.append(run_one(args, eta, seed, prompts_per_step, update))
+            print(json.dumps({k: v for k, v in runs[-1].items() if k != "curve"}), file=sys.stderr, flush=True)
+    summary = {mode_name(eta, update): summarise([r for r in runs if (r["eta"], r["update"]) == (eta, update)],
+                                                 args.targets) for eta, update in modes}
+    if 0 in args.staleness:  # sync's median time and steps/min against each mode's: > 1 means faster than sync
+        sync = summary[mode_name(0)]
         for entry in summary.values():
-            entry["sync_over_this"] = {t: (sync[t] / m if sync[t] is not None and m else None)
+            entry["sync_over_this"] = {t: (sync["median_minutes_to"][t] / m
+                                           if sync["median_minutes_to"][t] is not None and m else None)
                                        for t, m in entry["median_minutes_to"].items()}
+            entry["steps_per_min_over_sync"] = entry["steps_per_min"]["median"] / sync["steps_per_min"]["median"]
     plot(runs, args.targets, Path(args.out) / "time_to_accuracy.png")
     print(json.dumps({"runs": runs, "modes": summary}))
+
+
+def summarise(mine: list[dict], targets: list[float]) -> dict:
+    """One mode's runs over the seeds: medians (and ranges) of accuracy, time to each target and the loop's
+    numbers."""
+    finals = [r["final_accuracy"] for r in mine]
+
+    def spread(key: str) -> dict:
+        values = [r[key] for r in mine if r[key] is not None]
+        return {"median": statistics.median(values), "range": [min(values), max(values)]} if values else {}
+
+    return {"final_accuracy": {"median": median_or_none(finals),
+                               "range": [min(finals), max(finals)] if None not in finals else None},
+            "median_minutes_to": {str(t): median_or_none([r["minutes_to"][str(t)] for r in mine]) for t in targets},
+            **{key: spread(key) for key in ("steps_per_min", "sampled_per_update", "discarded_per_update",
+                                            "actor_idle_fraction", "stall_s_per_update", "recompute_s_per_update")},
+            "token_staleness": {k: sum(r["token_staleness"].get(k, 0.0) for r in mine)
+                                for k in sorted({k for r in mine for k in r["token_staleness"]}, key=int)}}
 
 
 if __name__ == "__main__":
