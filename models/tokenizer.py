@@ -54,20 +54,27 @@ def build_char_tokenizer(out_dir: Path, alphabet: str = DEFAULT_ALPHABET) -> Non
     """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into `out_dir`.
 
     A character outside the alphabet fails to encode (there is no unknown token on purpose: a
-    silent <unk> would corrupt rewards and training data).
+    silent <unk> would corrupt rewards and training data); read as transformers' Qwen2Tokenizer, which
+    a qwen2 model dir gets (see below), it is dropped instead, as that class's BPE has no unknown token.
     """
     _check_alphabet(alphabet)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    vocab.update({ch: len(SPECIAL_TOKENS) + i for i, ch in enumerate(alphabet)})
+    vocab.update({_byte_level(ch): len(SPECIAL_TOKENS) + i for i, ch in enumerate(alphabet)})
 
-    # WordLevel over single characters: the pre-tokenizer isolates every character, the Fuse decoder
-    # joins tokens back without separators. unk_token names a token absent from the vocab, so unknown
-    # characters raise instead of mapping to a real id.
+    # WordLevel over single characters: the pre-tokenizer isolates every character and spells it in
+    # GPT-2's byte-level symbols (a space is "Ġ"), the ByteLevel decoder joins tokens back without
+    # separators. Why byte-level: transformers 5 loads a qwen2 model dir's tokenizer as Qwen2Tokenizer
+    # whatever tokenizer_config.json names (qwen2 is in its MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS),
+    # which keeps the vocabulary but wraps it in the byte-level pre-tokenizer and decoder; a vocabulary
+    # spelled in plain characters then had no entry for "Ġ" and every space vanished without an error.
+    # Spelled byte-level, both readings give the same ids. unk_token names a token absent from the vocab,
+    # so unknown characters raise here instead of mapping to a real id.
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex("."), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIAL_TOKENS])
     tok.save(str(out_dir / "tokenizer.json"))
 
@@ -113,6 +120,12 @@ def _bytes_to_unicode() -> dict[int, str]:
             out[b] = chr(256 + extra)
             extra += 1
     return out
+
+
+def _byte_level(text: str) -> str:
+    """`text` in GPT-2's byte-level symbols (what the ByteLevel pre-tokenizer emits): " " -> "Ġ"."""
+    symbols = _bytes_to_unicode()
+    return "".join(symbols[b] for b in text.encode())
 
 
 def build_chatml_tokenizer(out_dir: Path, *, model_max_length: int = 32_768,

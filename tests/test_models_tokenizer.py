@@ -75,6 +75,23 @@ def test_unknown_character_raises_instead_of_mapping_silently(tok):
         tok.encode("ABC")
 
 
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama3"])
+def test_a_tiny_model_dirs_tokenizer_keeps_every_character(tmp_path, family):
+    """In a model dir transformers picks the tokenizer class from config.json: for qwen2 it is Qwen2Tokenizer,
+    which wraps the vocabulary in GPT-2's byte-level pre-tokenizer and decoder (ignoring tokenizer.json's).
+    Each class reads the same ids for every character, spaces included (a plain-spelled vocabulary lost them)."""
+    from models.tiny import make_tiny_model
+
+    model_dir = make_tiny_model(tmp_path / family, family=family)
+    loaded = AutoTokenizer.from_pretrained(model_dir)
+    text = "78 69 60 calc(3 * 4) = 12-x+y"
+    ids = loaded.encode(text)
+    assert ids == [len(SPECIAL_TOKENS) + DEFAULT_ALPHABET.index(c) for c in text]
+    assert loaded.decode(ids) == text
+    chat = [{"role": "user", "content": "87-9"}, {"role": "assistant", "content": "78 69"}]
+    assert loaded.decode(loaded.apply_chat_template(chat)["input_ids"]) == "<bos><user>87-9<asst>78 69<eos>"
+
+
 def test_bad_alphabets_are_rejected(tmp_path):
     with pytest.raises(ValueError, match="repeated"):
         build_char_tokenizer(tmp_path, "0120")
