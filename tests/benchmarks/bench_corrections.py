@@ -1,6 +1,7 @@
 """Off-policy corrections compared where staleness is real: the demo's RL stage, one run per η, correction, start.
 
-At η = 4 (issue 40's table) and harder settings (η = 8).
+At η = 4 (issue 40's table) and harder settings (a looser η, or `rollout.publish_every=4` as an extra override:
+actors several updates behind; docs/benchmarks.md says why η = 8 was not harder on a 2-core machine).
 
     .venv/bin/python tests/benchmarks/bench_corrections.py --starts S0 S1 S2 --data D0 D1 D2 \\
         [--corrections none token_tis icepop token_mask seq_mask_geo offpolicy_seq_mask --etas 4 8 \\
