@@ -24,10 +24,11 @@ operation of a held-out pair is ever trained on). Files written (jsonl, `dataset
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+from launch.jsonl_files import write_jsonl
 
 ALPHABET = "0123456789+-="
 SPLITS = ("pretrain", "sft", "rl", "heldout", "heldout_addition", "heldout_raw")
@@ -40,13 +41,6 @@ def _pairs(rng: random.Random, digits: int, excluded: set[tuple[int, int]]) -> I
         a, b = rng.randint(low, high), rng.randint(low, high)
         if (min(a, b), max(a, b)) not in excluded:
             yield a, b
-
-
-def write_jsonl(path: Path, rows: Iterable[dict]) -> Path:
-    with path.open("w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    return path
 
 
 def addition(a: int, b: int) -> tuple[str, str]:

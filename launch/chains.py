@@ -11,7 +11,7 @@ in-flight weight updates are about: the longest sequences are the ones an update
 
 Stages, built like the demo's (launch/arithmetic.py) so that RL has something to learn:
   pretraining  plain text of every length: "87-9=78 69 60 51 42 33 24 15 6";
-  SFT          the chat format on *short* chains only (at most `sft_max_terms` terms), half the rows
+  SFT          the chat format on *short* chains only (at most SFT_MAX_TERMS numbers), half the rows
                plain text replayed from pretraining's distribution;
   RL           chat chains of every length: the long ones in the chat format no supervised example showed.
 Reward: exact match of the whole chain (`exact_match`). Held-out (a, b) pairs are drawn first and
@@ -26,7 +26,7 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
-from launch.arithmetic import write_jsonl
+from launch.jsonl_files import write_jsonl
 
 SPLITS = ("pretrain", "sft", "rl", "heldout", "heldout_raw")
 MIN_START = 10  # a has at least two digits, so no question is a one-character "5-1"

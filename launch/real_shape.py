@@ -8,10 +8,11 @@ through data.prompt_field / data.answer_field and the config's prompt template.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
+
+from launch.jsonl_files import write_jsonl
 
 CONFIG = Path(__file__).resolve().parent / "configs" / "qwen_gsm8k_gpu.yaml"
 # A random model of a real vocabulary meets this format check about half the time (the first sampled
@@ -30,19 +31,15 @@ def gsm8k_style_rows(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
-def write_jsonl(path: Path, rows: list[dict]) -> str:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return str(path)
-
-
 def write_gsm8k_style_data(out_dir: Path, *, train: int = 48, held_out: int = 16, seed: int = 0) -> dict[str, str]:
     """train / test jsonl of GSM8K-shaped rows, and sft.jsonl of the train rows as question/completion."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = gsm8k_style_rows(train + held_out, seed)
-    return {"train": write_jsonl(out_dir / "gsm8k_train.jsonl", rows[:train]),
-            "eval": write_jsonl(out_dir / "gsm8k_test.jsonl", rows[train:]),
-            "sft": write_jsonl(out_dir / "sft.jsonl", [{"question": r["question"], "completion": r["answer"]}
-                                                       for r in rows[:train]])}
+    files = {"train": write_jsonl(out_dir / "gsm8k_train.jsonl", rows[:train]),
+             "eval": write_jsonl(out_dir / "gsm8k_test.jsonl", rows[train:]),
+             "sft": write_jsonl(out_dir / "sft.jsonl", [{"question": r["question"], "completion": r["answer"]}
+                                                        for r in rows[:train]])}
+    return {split: str(path) for split, path in files.items()}
 
 
 def rl_overrides(*, prompts: int, group_size: int, fleet_name: str) -> list[str]:

@@ -6,7 +6,6 @@ shards attention heads over "fsdp"). 2 layers, d=64, vocab 48: ~88k parameters.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import jax
@@ -41,11 +40,6 @@ def addition_chats(n: int, seed: int = 0) -> list[dict]:
 def addition_texts(n: int, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
     return [{"text": f"{a}+{b}={a + b}"} for a, b in rng.integers(10, 100, size=(n, 2))]
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
 
 
 def host_leaves(tree) -> list[np.ndarray]:

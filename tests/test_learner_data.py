@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from learner_train_helpers import addition_chats, addition_texts, write_jsonl
+from learner_train_helpers import addition_chats, addition_texts
 from transformers import AutoTokenizer
 
+from launch.jsonl_files import write_jsonl
 from learner.data import (
     DataConfig,
     DataPosition,

@@ -12,10 +12,10 @@ from learner_train_helpers import (
     host_leaves,
     max_abs_diff,
     random_rl_batch,
-    write_jsonl,
 )
 from transformers import AutoTokenizer
 
+from launch.jsonl_files import write_jsonl
 from learner.algo.losses import LossConfig
 from learner.algo.train_step import Trainer
 from learner.data import DataConfig, make_batches
