@@ -21,11 +21,12 @@ learner on the other, as deployed actors and learner have their own accelerators
 In-flight weight updates (issue 51): `--weight-updates keep abort` runs each asynchronous η once per
 `rollout.weight_update` policy (sync has nothing in flight and runs once), e.g. on the long-tailed chains
 (launch/chains.py, launch/configs/chain_rl.yaml). Each run also reports RL steps per minute (training wall
-time less evaluations), the completion tokens sampled and discarded per weight update (discarded: aborted by
-an update and sampled again, or dropped as stale), the actors' idle fraction (blocked on credits, on
-prompts, or stalled by a weight load, over the run's wall time) with the stall and KV recompute per update,
-and the staleness histogram per trained token (staleness_tokens/k). A finished run (its summary.json) is
-read again, not repeated, so an interrupted comparison resumes.
+time less evaluations), the completion tokens sampled per weight update and those discarded, apart: aborted
+by an update (sampled again) and dropped as stale (a group's oldest token past the bound); the actors' idle
+fraction (blocked on credits, on prompts, or stalled by a weight load, over the run's wall time, evaluations
+included) with the stall and KV recompute per update, and the staleness histogram per trained token
+(staleness_tokens/k). A finished run (its summary.json) is read again, not repeated, so an interrupted
+comparison resumes.
 """
 
 from __future__ import annotations
@@ -80,11 +81,11 @@ def loop_numbers(run_dir: Path) -> dict[str, float | None]:
     actors = [a for a in summary["actors"].values() if "tokens_generated" in a]
     updates = sum(len(a["versions_applied"]) for a in actors)
     tokens = summary["tokens"]
-    discarded = tokens["wasted"]["aborted"] + tokens["wasted"]["stale"]
+    wasted = tokens["wasted"]
+    per_update = {f"{kind}_per_update": wasted[kind] / updates if updates else None for kind in ("aborted", "stale")}
     return {"steps_per_min": summary["steps"] / train_s * 60, "train_s": train_s, "weight_updates": updates,
-            "tokens_sampled": tokens["sampled"], "tokens_discarded": discarded,
-            "sampled_per_update": tokens["sampled"] / updates if updates else None,
-            "discarded_per_update": discarded / updates if updates else None,
+            "tokens_sampled": tokens["sampled"], "tokens_discarded": wasted["aborted"] + wasted["stale"],
+            "sampled_per_update": tokens["sampled"] / updates if updates else None, **per_update,
             "actor_idle_fraction": statistics.fmean(a["idle_seconds"] for a in actors) / rows[-1]["wall_s"],
             "stall_s_per_update": sum(sum(a["stall_seconds"]) for a in actors) / updates if updates else None,
             "recompute_s_per_update": sum(a["recompute_seconds"] for a in actors) / updates if updates else None}
@@ -202,8 +203,9 @@ def summarise(mine: list[dict], targets: list[float]) -> dict:
     return {"final_accuracy": {"median": median_or_none(finals),
                                "range": [min(finals), max(finals)] if None not in finals else None},
             "median_minutes_to": {str(t): median_or_none([r["minutes_to"][str(t)] for r in mine]) for t in targets},
-            **{key: spread(key) for key in ("steps_per_min", "sampled_per_update", "discarded_per_update",
-                                            "actor_idle_fraction", "stall_s_per_update", "recompute_s_per_update")},
+            **{key: spread(key) for key in ("steps_per_min", "sampled_per_update", "aborted_per_update",
+                                            "stale_per_update", "actor_idle_fraction", "stall_s_per_update",
+                                            "recompute_s_per_update")},
             "token_staleness": {k: sum(r["token_staleness"].get(k, 0.0) for r in mine)
                                 for k in sorted({k for r in mine for k in r["token_staleness"]}, key=int)}}
 
