@@ -82,13 +82,17 @@ def loop_numbers(run_dir: Path) -> dict[str, float | None]:
     updates = sum(len(a["versions_applied"]) for a in actors)
     tokens = summary["tokens"]
     wasted = tokens["wasted"]
-    per_update = {f"{kind}_per_update": wasted[kind] / updates if updates else None for kind in ("aborted", "stale")}
+
+    def per_update(total: float) -> float | None:
+        return total / updates if updates else None
+
     return {"steps_per_min": summary["steps"] / train_s * 60, "train_s": train_s, "weight_updates": updates,
             "tokens_sampled": tokens["sampled"], "tokens_discarded": wasted["aborted"] + wasted["stale"],
-            "sampled_per_update": tokens["sampled"] / updates if updates else None, **per_update,
+            "sampled_per_update": per_update(tokens["sampled"]),
+            "aborted_per_update": per_update(wasted["aborted"]), "stale_per_update": per_update(wasted["stale"]),
             "actor_idle_fraction": statistics.fmean(a["idle_seconds"] for a in actors) / rows[-1]["wall_s"],
-            "stall_s_per_update": sum(sum(a["stall_seconds"]) for a in actors) / updates if updates else None,
-            "recompute_s_per_update": sum(a["recompute_seconds"] for a in actors) / updates if updates else None}
+            "stall_s_per_update": per_update(sum(sum(a["stall_seconds"]) for a in actors)),
+            "recompute_s_per_update": per_update(sum(a["recompute_seconds"] for a in actors))}
 
 
 def curve(run_dir: Path) -> list[tuple[float, float]]:
