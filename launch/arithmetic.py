@@ -28,7 +28,7 @@ import random
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from launch.jsonl_files import write_jsonl
+from launch.json_files import write_jsonl
 
 ALPHABET = "0123456789+-="
 SPLITS = ("pretrain", "sft", "rl", "heldout", "heldout_addition", "heldout_raw")

@@ -90,7 +90,6 @@ bench_weight_paths.section, bench_service.measure, bench_real_shape.measure.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -101,6 +100,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
 
 from launch.config import load_config  # noqa: E402
+from launch.json_files import write_report  # noqa: E402
 from learner.schema import TrainConfig  # noqa: E402
 from models.tiny import make_tiny_model  # noqa: E402
 from models.tokenizer import DEFAULT_ALPHABET, SPECIAL_TOKENS  # noqa: E402
@@ -428,8 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     results["table"] = [dict(zip(("measure", "tandem", "baseline", "unit"), r, strict=True)) for r in rows]
     print(format_table(rows))
     print(f"wall time {results['wall_s']:.0f} s ({'quick' if args.quick else 'default'} sizes)")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    write_report(args.json, results)
     return 0
 
 

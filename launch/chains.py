@@ -26,7 +26,7 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
-from launch.jsonl_files import write_jsonl
+from launch.json_files import write_jsonl
 
 SPLITS = ("pretrain", "sft", "rl", "heldout", "heldout_raw")
 MIN_START = 10  # a has at least two digits, so no question is a one-character "5-1"

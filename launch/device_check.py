@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from launch.json_files import write_report  # noqa: E402
 from launch.real_shape import CONFIG, RANDOM_MODEL_REWARD, rl_overrides, write_gsm8k_style_data  # noqa: E402
 
 # bf16 dense peak TFLOP/s by jax device_kind (vendor figures); others need --peak-tflops.
@@ -131,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         peak = args.peak_tflops or PEAK_TFLOPS.get(device_kind())
         figures = report(run_dir, summary, hf_config, group_size=args.group_size, peak_tflops=peak)
     print(json.dumps(figures, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2))
+    write_report(args.json, figures)
     return 0
 
 

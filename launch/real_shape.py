@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from launch.jsonl_files import write_jsonl
+from launch.json_files import write_jsonl
 
 CONFIG = Path(__file__).resolve().parent / "configs" / "qwen_gsm8k_gpu.yaml"
 # A random model of a real vocabulary meets this format check about half the time (the first sampled

@@ -26,7 +26,6 @@ nothing is consumed twice.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -36,6 +35,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors.stats import GivenUp, NoAnswer
 from learner.service.server import LearnerService
+from tandem_wire.background import BackgroundLoop
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class SupervisorReport:
                 "fatal": self.fatal}
 
 
-class FleetSupervisor:
+class FleetSupervisor(BackgroundLoop):
     """A daemon thread that checks the fleet every ``interval_s`` (``start()`` / ``stop()``, or ``with``)."""
 
     def __init__(self, service: LearnerService, fleet: ray.actor.ActorHandle, *,
@@ -77,30 +77,17 @@ class FleetSupervisor:
                  call_timeout_s: float = 10.0, on_fatal: Callable[[str], None] | None = None):
         """Silence is judged by the service (its ``actor_timeout_s``); ``generate_timeout_s`` is the
         longest plausible single generate call."""
+        super().__init__("tandem-fleet-supervisor", join_timeout_s=call_timeout_s * 3)
         self.service, self.fleet = service, fleet
         self.generate_timeout_s, self.interval_s, self.call_timeout_s = generate_timeout_s, interval_s, call_timeout_s
         self.on_fatal = on_fatal
         self.report = SupervisorReport()
         self._unanswered_since: dict[str, float] = {}  # actor id -> monotonic time of its first unanswered call
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="tandem-fleet-supervisor", daemon=True)
-
-    def start(self) -> FleetSupervisor:
-        self._thread.start()
-        return self
 
     def stop(self) -> dict:
         """Stop checking; returns the report (replacements made, checks run)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=self.call_timeout_s * 3)
+        super().stop()
         return self.report.as_dict()
-
-    def __enter__(self) -> FleetSupervisor:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def check(self) -> list[Replacement]:
         """One round: replace the dead, the silent and the hung; returns what was replaced."""
@@ -175,8 +162,8 @@ class FleetSupervisor:
     def _call(self, ref: ray.ObjectRef):
         return ray.get(ref, timeout=self.call_timeout_s * 3)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+    def run(self) -> None:
+        while not self.stopping.wait(self.interval_s):
             try:
                 self.check()
             except (RayActorError, GetTimeoutError) as error:  # the fleet itself is busy or gone

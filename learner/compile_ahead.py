@@ -24,6 +24,7 @@ import time
 
 from learner.algo.rl_batch import bucket_rows
 from learner.algo.train_step import Trainer
+from tandem_wire.background import BackgroundLoop
 
 log = logging.getLogger(__name__)
 COMPILE_NICENESS = 10  # the background compile's scheduling priority (Unix nice; 0 is the default)
@@ -39,13 +40,13 @@ def by_nearness(buckets: list[int], expected: int) -> list[int]:
     return sorted(buckets, key=lambda rows: (abs(math.log(rows / expected)), -rows))
 
 
-class CompileAhead:
+class CompileAhead(BackgroundLoop):
     """A background thread compiling the rl step for `rows` buckets of `length`-token rows, in order."""
 
     def __init__(self, trainer: Trainer, rows: list[int], length: int, *, again: bool):
+        # stop() waits for the shape in progress: never leave XLA compiling at exit
+        super().__init__("compile-ahead", join_timeout_s=None)
         self.trainer, self.rows, self.length, self.again = trainer, rows, length, again
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._compile_all, name="compile-ahead", daemon=True)
 
     @classmethod
     def for_run(cls, trainer: Trainer, *, sequences: int, row_tokens: int, max_sequence_len: int,
@@ -59,23 +60,13 @@ class CompileAhead:
         ordered = by_nearness(row_buckets(most, row_multiple), rows_at(expected_len))
         return cls(trainer, ordered[:1] if first_only else ordered, row_tokens, again=again)
 
-    def start(self) -> CompileAhead:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Compile no further shape; wait for the one in progress (never leave XLA compiling at exit)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _compile_all(self) -> None:
+    def run(self) -> None:
         # Below the loop and the actors' engines on a shared CPU (Linux nices a thread by its id): on the demo's
         # 2-core machine the 16 buckets took ~160 s of compiling beside the RL stage.
         with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICENESS)
         for rows in self.rows:
-            if self._stop.is_set():
+            if self.stopping.is_set():
                 return
             started = time.perf_counter()
             try:

@@ -10,6 +10,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from tandem_wire.background import BackgroundLoop
+
 
 class Progress:
     """A watched call's last sign of life; `touch()` on every message received or sent."""
@@ -24,27 +26,17 @@ class Progress:
         self.at = time.monotonic()
 
 
-class IdleReaper:
+class IdleReaper(BackgroundLoop):
     """Cancels watched calls idle for more than `idle_timeout_s`; `on_cancel(what)` is told of each."""
 
     def __init__(self, idle_timeout_s: float, on_cancel: Callable[[str], None]) -> None:
         if idle_timeout_s <= 0:
             raise ValueError(f"idle_timeout_s must be > 0, got {idle_timeout_s}")
+        super().__init__("tandem-idle-reaper", join_timeout_s=5)
         self._timeout_s = idle_timeout_s
         self._on_cancel = on_cancel
         self._lock = threading.Lock()
         self._watched: dict[Progress, str] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="tandem-idle-reaper", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
 
     @contextlib.contextmanager
     def watch(self, what: str, cancel: Callable[[], object]) -> Iterator[Progress]:
@@ -58,8 +50,8 @@ class IdleReaper:
             with self._lock:
                 self._watched.pop(progress, None)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(min(1.0, self._timeout_s / 4)):
+    def run(self) -> None:
+        while not self.stopping.wait(min(1.0, self._timeout_s / 4)):
             deadline = time.monotonic() - self._timeout_s
             with self._lock:
                 idle = [(p, what) for p, what in self._watched.items() if p.at < deadline]

@@ -22,7 +22,7 @@ from flax import nnx
 from learner_train_helpers import addition_texts, host_leaves
 from transformers import AutoTokenizer
 
-from launch.jsonl_files import write_jsonl
+from launch.json_files import write_jsonl
 from learner.algo.optim import OptimizerConfig
 from learner.algo.train_step import Trainer
 from learner.checkpoint import Checkpointer

@@ -7,7 +7,7 @@ import pytest
 from learner_train_helpers import addition_chats, addition_texts
 from transformers import AutoTokenizer
 
-from launch.jsonl_files import write_jsonl
+from launch.json_files import write_jsonl
 from learner.data import (
     DataConfig,
     DataPosition,

@@ -23,7 +23,7 @@ from learner_train_helpers import (
 )
 from transformers import AutoTokenizer
 
-from launch.jsonl_files import write_jsonl
+from launch.json_files import write_jsonl
 from learner.algo.losses import LossConfig
 from learner.algo.optim import OptimizerConfig
 from learner.algo.train_step import Trainer

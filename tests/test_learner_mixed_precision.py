@@ -20,7 +20,7 @@ from flax import nnx
 from learner_train_helpers import addition_chats
 from transformers import AutoTokenizer
 
-from launch.jsonl_files import write_jsonl
+from launch.json_files import write_jsonl
 from learner.algo.losses import normalizer_for
 from learner.algo.optim import OptimizerConfig
 from learner.algo.train_step import Trainer, cast_floating, masked_cross_entropy

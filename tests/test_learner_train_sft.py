@@ -11,7 +11,7 @@ from flax import nnx
 from learner_train_helpers import addition_chats, addition_texts
 from transformers import AutoTokenizer
 
-from launch.jsonl_files import write_jsonl
+from launch.json_files import write_jsonl
 from learner.algo.losses import normalizer_for
 from learner.algo.optim import OptimizerConfig
 from learner.algo.train_step import Trainer, masked_cross_entropy

@@ -16,7 +16,7 @@ from learner_train_helpers import (
 )
 from transformers import AutoTokenizer
 
-from launch.jsonl_files import write_jsonl
+from launch.json_files import write_jsonl
 from learner.algo.train_step import Trainer
 from learner.data import DataConfig, make_batches
 from models.jax_model import load_model, make_mesh

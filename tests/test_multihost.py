@@ -29,7 +29,7 @@ import pytest
 from reliability_helpers import PROMPTS_PER_STEP, check_run, final_history, free_port, read_steps
 from safetensors.numpy import load_file
 
-from launch.jsonl_files import write_jsonl
+from launch.json_files import write_jsonl
 from launch.stages import main_for
 from learner.weights.publisher import pack_weights
 

@@ -22,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from launch.json_files import write_report  # noqa: E402
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -100,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         if "dq_max_err" in row:
             errors = f"dq max err {row['dq_max_err']:.2e}, loss rel err {row['loss_rel_err']:.1e}"
         print(f"{row['impl']:<11} T={row['length']:<6} fwd+bwd {row['fwd_bwd_ms']:9.2f} ms   {errors}")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    write_report(args.json, results)
     return 0
 
 

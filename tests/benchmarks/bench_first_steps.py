@@ -47,6 +47,9 @@ import psutil
 PROCESS_START = psutil.Process().create_time()  # wall clock (time.time) when this process started
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "benchmarks")]
+
+from launch.json_files import write_report  # noqa: E402
+
 GIB = 2**30
 
 
@@ -201,8 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     results = cold_and_warm(args, argv) if args.cold_and_warm else {"run": run(args)}
     for name, result in results.items():
         print(f"\n## {name}\n{table(result)}")
-    if args.json:
-        args.json.write_text(json.dumps(results if args.cold_and_warm else results["run"], indent=2))
+    write_report(args.json, results if args.cold_and_warm else results["run"])
     return 0
 
 

@@ -34,6 +34,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "benchmarks")]
+
+from launch.json_files import write_report  # noqa: E402
+
 GIB = 2**30
 
 
@@ -262,8 +265,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results = measure(args)
     print(format_table(rows(results)))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2, default=float))
+    write_report(args.json, results)
     return 0
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 import tempfile
@@ -32,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from launch.json_files import write_report  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -142,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         f32, gap = row["to_float32"], row["behaviour_gap"]
         print(f"{name:<16} |Δ| to float32 {f32['mean']:.4f} (p99 {f32['p99']:.3f})   behaviour_gap "
               f"{gap['mean']:.4f} (p99 {gap['p99']:.3f})   entropy {row['entropy']:.2f}")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2, default=str))
+    write_report(args.json, results)
     return 0
 
 

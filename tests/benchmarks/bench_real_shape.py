@@ -33,6 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from launch.json_files import write_report  # noqa: E402
+
 PRECISIONS = {"float32": ("float32", None), "mixed": ("float32", "bfloat16")}
 LORA_PRECISION = "mixed"  # the LoRA rows': the base frozen in bf16, the adapters' master float32
 REMAT_POLICIES = ("none", "full", "save_matmuls")  # learner.schema.RematPolicy
@@ -204,8 +206,7 @@ def main(argv: list[str] | None = None) -> int:
               f"GiB  {row['step_bytes'] / row['floor_bytes']:.2f}x  train state {row['state_bytes'] / 2**30:6.3f} GiB"
               f"  frozen base {row['frozen_bytes'] / 2**30:6.3f} GiB")
     print("step tokens/s " + ", ".join(f"{name} {row['tokens_per_s']:.0f}" for name, row in results["speed"].items()))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2, default=float))
+    write_report(args.json, results)
     return 0
 
 

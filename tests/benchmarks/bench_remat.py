@@ -13,7 +13,6 @@ the shipped qwen config's micro-batch, 64 rows × 1024).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -21,6 +20,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "benchmarks")]
+
+from launch.json_files import write_report  # noqa: E402
+
 LENGTH = 512  # tokens of the probe (per-token bytes do not depend on it: attention is blockwise)
 
 
@@ -70,8 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             results[f"{shape}, {policy}"] = {"bytes_per_token_per_layer": per_token, "batch_bytes": batch}
             print(f"Qwen2.5-{shape.upper()} remat {policy:<12} {per_token / 1024:6.1f} KiB per token per layer; "
                   f"{layers} layers x {args.tokens} tokens: {batch / 2**30:6.1f} GiB of activations")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    write_report(args.json, results)
     return 0
 
 
