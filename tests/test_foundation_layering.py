@@ -5,6 +5,10 @@ cannot be imported at all (as if they were not installed), then `sys.modules` is
 an optional `try: import torch` in a third-party library (tensorboardX does this) is fine, but
 any real dependency of ours on a forbidden module fails. A fresh process is needed because the
 test session itself has jax (and maybe vllm) loaded already.
+
+Below that, the house's other rules: the learner's rooms import no floor above them, each package's code map
+names every module, no import cycle inside a package, a wing imports nothing of the package above it, and the
+hubs stay within their bounds.
 """
 
 import ast
@@ -194,3 +198,20 @@ def test_a_wing_imports_nothing_of_the_package_above_it(wing):
     upward = {f"{module} -> {dep}" for module, deps in import_graph((above,)).items() if module.startswith(wing)
               for dep in deps if not dep.startswith(wing)}
     assert not upward, sorted(upward)
+
+
+# The hubs' bounds (issue 53): the service keeps the gRPC surface and delegates, the client its calls, and the
+# README stays a user's page; past a bound, a concern wants a room of its own rather than more lines here.
+MOST_LINES = {"learner/service/server.py": 599, "actors/learner_client.py": 559, "README.md": 250}
+MOST_METHODS = 30  # of any class in learner/service/
+
+
+def test_the_hubs_stay_within_their_bounds():
+    over = {path: lines for path, most in MOST_LINES.items()
+            if (lines := len((ROOT / path).read_text().splitlines())) > most}
+    assert not over, f"lines: {over} (at most {MOST_LINES})"
+    crowded = {f"{path.name}:{node.name}": methods for path in (ROOT / "learner" / "service").glob("*.py")
+               for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
+               if (methods := sum(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in node.body))
+               > MOST_METHODS}
+    assert not crowded, f"methods: {crowded} (at most {MOST_METHODS})"
